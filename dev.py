@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""One-command developer entry point for django-outbox-batching.
+
+Needs only Python 3.11+ (standard library). Every subcommand first bootstraps ``.venv``
+in the repository root and installs the package with its ``test`` extra into it::
+
+    python3 dev.py demo [args...]   # run the example project's demo (SQLite unless DATABASE_URL)
+    python3 dev.py test [args...]   # ruff + pytest on SQLite and on PostgreSQL, then a summary
+    python3 dev.py tox  [args...]   # the tox matrix (tox.ini), with a PostgreSQL server provided
+
+PostgreSQL for ``test`` and ``tox`` is found in this order: ``DATABASE_URL`` from the
+environment; a server on 127.0.0.1:5432 accepting user ``postgres`` without a password
+(skipped when ``OUTBOX_NO_LOCAL_PG=1``); else a throwaway server from the ``pgserver``
+package in a temporary directory, stopped and removed on exit, Ctrl-C and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import venv
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+PYTHON = BIN / "python"
+STAMP = VENV / ".dev-stamp"
+ARTIFACTS = ROOT / "artifacts"
+LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DB_NAME = "django_outbox"
+DEFAULT_PYENV_VERSION = "3.11.7:3.12.1:3.13.0"
+
+# Run with the venv's python: exits 0 when the server answers (the URL is in argv[1]).
+PROBE_SNIPPET = """
+import sys, psycopg
+with psycopg.connect(sys.argv[1], connect_timeout=3) as conn:
+    conn.execute("SELECT 1")
+"""
+
+# Run with the venv's python in its own session: starts pgserver in argv[1], prints its URI,
+# then blocks until its stdin closes (dev.py is done, or died) and stops and deletes it.
+PGSERVER_SNIPPET = """
+import signal, sys, warnings
+warnings.simplefilter("ignore")
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+import pgserver
+server = pgserver.get_server(sys.argv[1], cleanup_mode="delete")
+try:
+    print(server.get_uri(), flush=True)
+    sys.stdin.read()
+finally:
+    server.cleanup()
+"""
+
+
+def log(message: str) -> None:
+    """Print one progress line, prefixed so it stands out among the tools' output."""
+    print(f"dev.py: {message}", flush=True)
+
+
+def run(
+    cmd: Sequence[str | Path],
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    quiet: bool = False,
+) -> int:
+    """Run ``cmd`` (a list, never a shell) and return its exit code."""
+    output = subprocess.DEVNULL if quiet else None
+    result = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, check=False, stdout=output, stderr=output
+    )
+    return result.returncode
+
+
+class DevError(Exception):
+    """A failure that ends dev.py with a one-line message and exit code 1."""
+
+
+def bootstrap() -> None:
+    """Create ``.venv``; install ``.[test]`` unless the stamp matches pyproject.toml."""
+    if not PYTHON.exists():
+        log(f"creating {VENV.relative_to(ROOT)} with {sys.executable}")
+        venv.EnvBuilder(with_pip=True, clear=VENV.exists()).create(VENV)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text().strip() == digest:
+        log(".venv is up to date")
+        return
+    STAMP.unlink(missing_ok=True)
+    log("installing pip and -e .[test] into .venv (first run takes a minute)")
+    pip = [PYTHON, "-m", "pip", "--disable-pip-version-check"]
+    if run([*pip, "install", "--quiet", "--upgrade", "pip"]) != 0:
+        raise DevError("upgrading pip failed (see above)")
+    if run([*pip, "install", "--quiet", "-e", ".[test]"]) != 0:
+        raise DevError("pip install -e .[test] failed (see above)")
+    STAMP.write_text(digest + "\n")
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL server to test against: its Django URL and where it came from."""
+
+    url: str
+    source: str
+
+
+def redact(url: str) -> str:
+    """Hide the password of ``url`` for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def django_url(uri: str, database: str) -> str:
+    """Turn pgserver's URI into one that Django can use, on ``database``.
+
+    pgserver gives ``postgresql://u:@/db?host=/sock/dir``; this returns
+    ``postgresql://u@%2Fsock%2Fdir/<database>``.
+    dj-database-url only understands a socket directory as a percent-encoded host, and
+    libpq (psycopg) accepts that form as well.
+    """
+    parts = urlsplit(uri)
+    host = parse_qs(parts.query).get("host", [parts.hostname or ""])[0]
+    netloc = f"{parts.username or 'postgres'}@{quote(host, safe='')}"
+    if parts.port and not host.startswith("/"):
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, f"/{database}", "", ""))
+
+
+def local_server_answers() -> bool:
+    """Whether 127.0.0.1:5432 accepts user postgres without a password."""
+    if os.environ.get("OUTBOX_NO_LOCAL_PG") == "1":
+        log("OUTBOX_NO_LOCAL_PG=1: not probing 127.0.0.1:5432")
+        return False
+    return run([PYTHON, "-c", PROBE_SNIPPET, LOCAL_ADMIN_URL], quiet=True) == 0
+
+
+@contextlib.contextmanager
+def find_postgres() -> Iterator[Postgres]:
+    """Yield the PostgreSQL to use; a throwaway pgserver is stopped and deleted afterwards."""
+    env_url = os.environ.get("DATABASE_URL", "").strip()
+    if env_url:
+        log(f"PostgreSQL from DATABASE_URL: {redact(env_url)}")
+        yield Postgres(env_url, "DATABASE_URL from the environment")
+        return
+    if local_server_answers():
+        url = f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}"
+        log(f"PostgreSQL: local server, {url}")
+        yield Postgres(url, "local server on 127.0.0.1:5432")
+        return
+    with throwaway_pgserver() as url:
+        yield Postgres(url, "throwaway pgserver (deleted afterwards)")
+
+
+@contextlib.contextmanager
+def throwaway_pgserver() -> Iterator[str]:
+    """Start a pgserver cluster in a fresh temporary directory; stop and remove it on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
+    pgdata = tmp / "pgdata"
+    log(f"starting a throwaway PostgreSQL (pgserver) in {pgdata}")
+    helper = subprocess.Popen(
+        [str(PYTHON), "-c", PGSERVER_SNIPPET, str(pgdata)],
+        cwd=tmp,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert helper.stdout is not None
+        uri = helper.stdout.readline().strip()
+        if not uri:
+            raise DevError("pgserver did not start (see its messages above)")
+        url = django_url(uri, DB_NAME)
+        log(f"PostgreSQL: throwaway pgserver, {url}")
+        yield url
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leak it
+        try:
+            stop_pgserver(helper, pgdata)
+            shutil.rmtree(tmp, ignore_errors=True)
+            log("throwaway PostgreSQL stopped and removed")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def stop_pgserver(helper: subprocess.Popen[str], pgdata: Path) -> None:
+    """Ask the helper to stop its server (close its stdin); kill the postmaster if it can't."""
+    with contextlib.suppress(OSError):
+        if helper.stdin is not None:
+            helper.stdin.close()
+    try:
+        helper.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        helper.kill()
+        helper.wait()
+    pidfile = pgdata / "postmaster.pid"
+    if pidfile.exists():  # the helper died before cleaning up: immediate shutdown
+        with contextlib.suppress(ValueError, IndexError, OSError):
+            os.kill(int(pidfile.read_text().split()[0]), signal.SIGQUIT)
+
+
+@dataclass
+class TierResult:
+    """Outcome of one pytest run, read from its exit code and junit xml."""
+
+    name: str
+    exit_code: int
+    tests: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    report_found: bool = False
+
+    @property
+    def passed(self) -> int:
+        """Tests that ran and passed (pytest counts skipped ones in ``tests``)."""
+        return self.tests - self.failures - self.errors - self.skipped
+
+    @property
+    def executed(self) -> int:
+        """Tests that really ran, whatever their outcome."""
+        return self.tests - self.skipped
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 (5, no tests collected, is a failure like any other)."""
+        return self.exit_code == 0
+
+
+def read_junit(result: TierResult, path: Path) -> None:
+    """Fill the counts of ``result`` from pytest's junit xml at ``path``, if it exists."""
+    if not path.exists():
+        return
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    for suite in suites:
+        result.tests += int(suite.get("tests", 0))
+        result.failures += int(suite.get("failures", 0))
+        result.errors += int(suite.get("errors", 0))
+        result.skipped += int(suite.get("skipped", 0))
+        result.seconds += float(suite.get("time", 0.0))
+    result.report_found = bool(suites)
+
+
+def run_tier(name: str, env_overrides: dict[str, str], pytest_args: list[str]) -> TierResult:
+    """Run the whole suite once with ``env_overrides``; junit to artifacts/pytest-<name>.xml."""
+    junit = ARTIFACTS / f"pytest-{name}.xml"
+    junit.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "OUTBOX_REQUIRE_POSTGRES"}
+    env.update(env_overrides)
+    log(f"pytest tier {name!r}")
+    code = run([PYTHON, "-m", "pytest", f"--junitxml={junit}", *pytest_args], env=env)
+    result = TierResult(name, code)
+    read_junit(result, junit)
+    return result
+
+
+def cmd_test(pytest_args: list[str]) -> int:
+    """Ruff, then pytest on SQLite and on PostgreSQL; print a summary; 0 only if all passed."""
+    bootstrap()
+    ARTIFACTS.mkdir(exist_ok=True)
+    log("ruff check . / ruff format --check .")
+    ruff = {
+        "ruff check": run([BIN / "ruff", "check", "."]) == 0,
+        "ruff format": run([BIN / "ruff", "format", "--check", "."]) == 0,
+    }
+    with find_postgres() as pg:
+        tiers = [
+            run_tier("sqlite", {"DATABASE_URL": ""}, pytest_args),
+            run_tier(
+                "postgresql", {"DATABASE_URL": pg.url, "OUTBOX_REQUIRE_POSTGRES": "1"}, pytest_args
+            ),
+        ]
+    problems = [f"{name} failed" for name, ok in ruff.items() if not ok]
+    problems += [f"pytest tier {t.name!r} exited {t.exit_code}" for t in tiers if not t.ok]
+    pg_tier = tiers[-1]
+    if not pg_tier.report_found or pg_tier.tests == 0 or pg_tier.executed == 0:
+        problems.append("the PostgreSQL tier EXECUTED NO TEST: it must never be skipped silently")
+    lines = ["", "=" * 24 + " dev.py summary " + "=" * 24]
+    lines += [f"{name:<18}{'ok' if ok else 'FAILED'}" for name, ok in ruff.items()]
+    for t in tiers:
+        counts = (
+            f"{t.passed} passed, {t.failures} failed, {t.skipped} skipped, "
+            f"{t.errors} errors in {t.seconds:.1f}s"
+            if t.report_found
+            else "no junit report"
+        )
+        lines.append(f"{'tier ' + t.name:<18}{counts} (pytest exit {t.exit_code})")
+    lines.append(f"{'postgresql':<18}{pg.source}: {redact(pg.url)}")
+    lines += [f"{'PROBLEM':<18}{p}" for p in problems]
+    lines.append(f"{'result':<18}{'FAILED' if problems else 'ok'}")
+    passed = sum(t.passed for t in tiers)
+    failed = sum(t.failures + t.errors for t in tiers)  # errors count as failures here
+    skipped = sum(t.skipped for t in tiers)
+    lines += ["=" * 64, f"{passed} passed, {failed} failed, {skipped} skipped"]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    (ARTIFACTS / "summary.txt").write_text(text.lstrip() + "\n")
+    return 1 if problems else 0
+
+
+def cmd_demo(demo_args: list[str]) -> int:
+    """Run ``manage.py demo`` of the example project; DATABASE_URL is left as the user set it."""
+    bootstrap()
+    project = ROOT / "example_project"
+    if not (project / "manage.py").exists():
+        raise DevError(f"{project / 'manage.py'} not found")
+    db = "PostgreSQL (DATABASE_URL)" if os.environ.get("DATABASE_URL", "").strip() else "SQLite"
+    log(f"running the demo on {db}")
+    return run([PYTHON, "manage.py", "demo", *demo_args], cwd=project)
+
+
+def cmd_tox(tox_args: list[str]) -> int:
+    """Run tox from the venv with a PostgreSQL server exported as OUTBOX_PG_URL."""
+    bootstrap()
+    if not (BIN / "tox").exists():
+        log("installing tox into .venv")
+        if run([PYTHON, "-m", "pip", "install", "--quiet", "tox>=4"]) != 0:
+            raise DevError("pip install tox failed (see above)")
+    with find_postgres() as pg:
+        env = {**os.environ, "OUTBOX_PG_URL": pg.url}
+        env.setdefault("PYENV_VERSION", DEFAULT_PYENV_VERSION)
+        log(f"tox {' '.join(tox_args)} (PYENV_VERSION={env['PYENV_VERSION']})")
+        return run([BIN / "tox", *tox_args], env=env)
+
+
+COMMANDS = {
+    "demo": (cmd_demo, "set up .venv and run the example project's demo"),
+    "test": (cmd_test, "set up .venv, run ruff and pytest on SQLite and PostgreSQL"),
+    "tox": (cmd_tox, "set up .venv and run tox with a PostgreSQL server provided"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface; everything after the subcommand is passed through."""
+    parser = argparse.ArgumentParser(
+        prog="dev.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,test,tox}")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False).add_argument(
+            "args", nargs="*", help="passed through unchanged"
+        )
+    return parser
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """Turn SIGTERM into SystemExit so that cleanups (pgserver) run."""
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run one subcommand; return the process exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # prints help or an error and exits
+        return 2
+    # argparse mangles pass-through options such as ``-k expr``: split off the rest by hand.
+    handler, _ = COMMANDS[argv[0]]
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return handler(argv[1:])
+    except DevError as exc:
+        log(f"ERROR: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Outbox batching and idempotent jobs for Django on django-q2.
+
+The public names are imported lazily so that ``import django_outbox`` works before the
+app registry is ready (settings files, ``INSTALLED_APPS``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "BatchResult",
+    "LeaseLost",
+    "OutboxError",
+    "PayloadError",
+    "UnknownStream",
+    "publish",
+    "publish_many",
+]
+
+_LAZY = {
+    "Batch": "django_outbox.process",
+    "BatchResult": "django_outbox.process",
+    "LeaseLost": "django_outbox.exceptions",
+    "OutboxError": "django_outbox.exceptions",
+    "PayloadError": "django_outbox.exceptions",
+    "UnknownStream": "django_outbox.exceptions",
+    "publish": "django_outbox.publish",
+    "publish_many": "django_outbox.publish",
+}
+
+if TYPE_CHECKING:
+    from django_outbox.exceptions import LeaseLost, OutboxError, PayloadError, UnknownStream
+    from django_outbox.process import Batch, BatchResult
+    from django_outbox.publish import publish, publish_many
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_outbox' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)

@@ -1,0 +1,319 @@
+"""System checks for the ``DJANGO_OUTBOX`` setting and the django-q2 cluster it runs on.
+
+Ids are stable and grouped: E00x the settings' shape, E01x handlers, E02x buffer
+models, E03x option values, E04x django-q2, W00x warnings.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from django_outbox.conf import GLOBAL_DEFAULTS, SETTING_NAME, STREAM_DEFAULTS
+
+STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+POSITIVE_INT_OPTIONS = (
+    "BATCH_SIZE",
+    "MAX_BATCHES",
+    "EVERY_MINUTES",
+    "MAX_ATTEMPTS",
+    "BACKOFF_SECONDS",
+    "BACKOFF_MAX_SECONDS",
+    "LEASE_SECONDS",
+)
+BOOL_OPTIONS = ("ARCHIVE", "TRANSACTIONAL")
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    raw = getattr(settings, SETTING_NAME, {})
+    if not isinstance(raw, dict):
+        return [
+            Error(
+                f"{SETTING_NAME} must be a dict, not {type(raw).__name__}.",
+                hint=f'Set {SETTING_NAME} = {{"STREAMS": {{...}}}} in your settings.',
+                id="django_outbox.E001",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    unknown = sorted(set(raw) - set(GLOBAL_DEFAULTS))
+    if unknown:
+        errors.append(
+            Error(
+                f"{SETTING_NAME} has unknown keys: {', '.join(unknown)}.",
+                hint=f"Known keys: {', '.join(sorted(GLOBAL_DEFAULTS))}.",
+                id="django_outbox.E002",
+            )
+        )
+    retention = raw.get("ARCHIVE_RETENTION_DAYS", GLOBAL_DEFAULTS["ARCHIVE_RETENTION_DAYS"])
+    if not _is_positive_int(retention):
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['ARCHIVE_RETENTION_DAYS'] must be a positive integer, "
+                f"not {retention!r}.",
+                hint="Give the number of days archived rows are kept, for example 30.",
+                id="django_outbox.E034",
+            )
+        )
+    streams = raw.get("STREAMS", {})
+    if not isinstance(streams, dict):
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['STREAMS'] must be a dict of stream name to options, "
+                f"not {type(streams).__name__}.",
+                hint='For example {"marketing": {"HANDLER": "crm.outbox.sync"}}.',
+                id="django_outbox.E003",
+            )
+        )
+        return errors
+    models_seen: dict[str, str] = {}
+    for name, options in streams.items():
+        errors.extend(_check_stream(name, options, models_seen))
+    return errors
+
+
+def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[CheckMessage]:
+    where = f"{SETTING_NAME}['STREAMS'][{name!r}]"
+    errors: list[CheckMessage] = []
+    if not isinstance(name, str) or not STREAM_NAME.match(name):
+        errors.append(
+            Error(
+                f"Invalid stream name {name!r}.",
+                hint="Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a "
+                "letter or digit.",
+                id="django_outbox.E004",
+            )
+        )
+    if not isinstance(options, dict):
+        errors.append(
+            Error(
+                f"{where} must be a dict of options, not {type(options).__name__}.",
+                hint='For example {"HANDLER": "crm.outbox.sync", "BATCH_SIZE": 1000}.',
+                id="django_outbox.E005",
+            )
+        )
+        return errors
+    unknown = sorted(set(options) - set(STREAM_DEFAULTS))
+    if unknown:
+        errors.append(
+            Error(
+                f"{where} has unknown options: {', '.join(unknown)}.",
+                hint=f"Known options: {', '.join(sorted(STREAM_DEFAULTS))}.",
+                id="django_outbox.E006",
+            )
+        )
+    errors.extend(_check_handler(where, options.get("HANDLER")))
+    errors.extend(
+        _check_model(name, where, options.get("MODEL", STREAM_DEFAULTS["MODEL"]), models_seen)
+    )
+    merged = {**STREAM_DEFAULTS, **options}
+    for option in POSITIVE_INT_OPTIONS:
+        if not _is_positive_int(merged[option]):
+            errors.append(
+                Error(
+                    f"{where}['{option}'] must be a positive integer, not {merged[option]!r}.",
+                    hint=f"Remove it to use the default ({STREAM_DEFAULTS[option]}) or give "
+                    "a whole number greater than 0.",
+                    id="django_outbox.E030",
+                )
+            )
+    for option in BOOL_OPTIONS:
+        if not isinstance(merged[option], bool):
+            errors.append(
+                Error(
+                    f"{where}['{option}'] must be True or False, not {merged[option]!r}.",
+                    hint=f"Remove it to use the default ({STREAM_DEFAULTS[option]}).",
+                    id="django_outbox.E031",
+                )
+            )
+    cluster = merged["CLUSTER"]
+    if cluster is not None and not (isinstance(cluster, str) and cluster):
+        errors.append(
+            Error(
+                f"{where}['CLUSTER'] must be a django-q2 cluster name or None, not {cluster!r}.",
+                hint="Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
+                id="django_outbox.E032",
+            )
+        )
+    if (
+        _is_positive_int(merged["BACKOFF_SECONDS"])
+        and _is_positive_int(merged["BACKOFF_MAX_SECONDS"])
+        and merged["BACKOFF_MAX_SECONDS"] < merged["BACKOFF_SECONDS"]
+    ):
+        errors.append(
+            Error(
+                f"{where}['BACKOFF_MAX_SECONDS'] ({merged['BACKOFF_MAX_SECONDS']}) is below "
+                f"BACKOFF_SECONDS ({merged['BACKOFF_SECONDS']}).",
+                hint="The cap of the backoff must be at least its base.",
+                id="django_outbox.E033",
+            )
+        )
+    errors.extend(_check_cluster(name, where, merged))
+    return errors
+
+
+def _check_handler(where: str, path: Any) -> list[CheckMessage]:
+    if not path:
+        return [
+            Error(
+                f"{where} has no HANDLER.",
+                hint="Set HANDLER to the dotted path of a callable that takes a Batch, "
+                "for example 'crm.outbox.sync_activities'.",
+                id="django_outbox.E010",
+            )
+        ]
+    try:
+        handler = import_string(path) if isinstance(path, str) else path
+    except ImportError as exc:
+        return [
+            Error(
+                f"{where}['HANDLER'] {path!r} cannot be imported: {exc}",
+                hint="Check the dotted path and that its module imports without errors.",
+                id="django_outbox.E011",
+            )
+        ]
+    if not isinstance(path, str) or not callable(handler):
+        return [
+            Error(
+                f"{where}['HANDLER'] must be the dotted path of a callable, not {path!r}.",
+                hint="Give a string such as 'crm.outbox.sync_activities'.",
+                id="django_outbox.E012",
+            )
+        ]
+    return []
+
+
+def _check_model(
+    name: Any, where: str, label: Any, models_seen: dict[str, str]
+) -> list[CheckMessage]:
+    from django_outbox.models import BufferEvent, OutboxEvent
+
+    try:
+        model = apps.get_model(label)
+    except (LookupError, ValueError, TypeError, AttributeError):
+        return [
+            Error(
+                f"{where}['MODEL'] {label!r} is not an installed model.",
+                hint="Give 'app_label.ModelName' of a BufferEvent subclass in an installed app.",
+                id="django_outbox.E020",
+            )
+        ]
+    if not issubclass(model, BufferEvent):
+        return [
+            Error(
+                f"{where}['MODEL'] {label!r} is not a buffer model.",
+                hint="Subclass django_outbox.models.BufferEvent, which carries the group_id "
+                "column and the two buffer indexes.",
+                id="django_outbox.E021",
+            )
+        ]
+    if model is not OutboxEvent:
+        other = models_seen.setdefault(model._meta.label, str(name))
+        if other != name:
+            return [
+                Error(
+                    f"{model._meta.label} is bound to two streams: {other!r} and {name!r}.",
+                    hint="A custom buffer model belongs to one stream; give the other stream "
+                    "its own model or use the generic django_outbox.OutboxEvent.",
+                    id="django_outbox.E022",
+                )
+            ]
+    return []
+
+
+def _cluster_options(cluster: str | None) -> dict[str, Any] | None:
+    q_cluster = getattr(settings, "Q_CLUSTER", {})
+    if not isinstance(q_cluster, dict):
+        return None
+    options = {k: v for k, v in q_cluster.items() if k != "ALT_CLUSTERS"}
+    if cluster and cluster not in (q_cluster.get("name"), q_cluster.get("cluster_name")):
+        alt = (q_cluster.get("ALT_CLUSTERS") or {}).get(cluster)
+        if not isinstance(alt, dict):
+            return None
+        options.update(alt)
+    return options
+
+
+def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckMessage]:
+    cluster = merged["CLUSTER"] if isinstance(merged["CLUSTER"], str) else None
+    options = _cluster_options(cluster)
+    if options is None:
+        return [
+            Warning(
+                f"{where}['CLUSTER'] names {cluster!r}, which Q_CLUSTER['ALT_CLUSTERS'] "
+                "does not define.",
+                hint="Add it to Q_CLUSTER['ALT_CLUSTERS'] and run a qcluster with "
+                f"Q_CLUSTER_NAME={cluster}, or remove CLUSTER.",
+                id="django_outbox.W002",
+            )
+        ]
+    label = f"cluster {cluster!r}" if cluster else "Q_CLUSTER"
+    timeout, retry = options.get("timeout"), options.get("retry", 60)
+    errors: list[CheckMessage] = []
+    if not isinstance(timeout, (int, float)) or timeout >= retry:
+        errors.append(
+            Error(
+                f"The django-q2 {label} used by stream {name!r} has timeout={timeout!r}, "
+                f"which is not below retry={retry!r}.",
+                hint="Set Q_CLUSTER['timeout'] below Q_CLUSTER['retry'] so django-q2 never "
+                "hands a job that is still running to a second worker.",
+                id="django_outbox.E041",
+            )
+        )
+    lease = merged["LEASE_SECONDS"]
+    if isinstance(timeout, (int, float)) and _is_positive_int(lease) and timeout > lease:
+        errors.append(
+            Error(
+                f"The django-q2 {label} used by stream {name!r} has timeout={timeout!r}, "
+                f"longer than the stream's LEASE_SECONDS={lease}.",
+                hint="Raise LEASE_SECONDS to at least the timeout, or lower the timeout: a "
+                "lease that expires while its handler may still run lets a second worker "
+                "take the group over.",
+                id="django_outbox.E042",
+            )
+        )
+    return errors
+
+
+@register()
+def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if apps.is_installed("django_q"):
+        return []
+    return [
+        Error(
+            "django_q is not in INSTALLED_APPS.",
+            hint="django_outbox runs its jobs on django-q2: add 'django_q' to INSTALLED_APPS.",
+            id="django_outbox.E040",
+        )
+    ]
+
+
+@register()
+def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    warnings: list[CheckMessage] = []
+    for alias in connections:
+        connection = connections[alias]
+        if connection.vendor != "sqlite":
+            continue
+        mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+        if str(mode).upper() != "IMMEDIATE":
+            warnings.append(
+                Warning(
+                    f"SQLite database {alias!r} does not use IMMEDIATE transactions.",
+                    hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["transaction_mode"] = '
+                    '"IMMEDIATE" so concurrent workers claim groups one at a time instead '
+                    "of failing with 'database is locked'.",
+                    id="django_outbox.W001",
+                )
+            )
+    return warnings

@@ -1,0 +1,77 @@
+"""Claim: stamp one group of unclaimed rows and enqueue its process job."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from django_outbox import transport
+from django_outbox.conf import get_stream
+from django_outbox.db import buffer_ops, connection_for
+from django_outbox.models import GroupState, OutboxGroup, StreamState
+from django_outbox.streams import effective_batch_size, release_claim_slot
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    stream: str
+    group_id: uuid.UUID | None
+    size: int
+    limit: int
+
+    @property
+    def claimed_any(self) -> bool:
+        return self.size > 0
+
+    @property
+    def full(self) -> bool:
+        """Whether the claim filled its batch, so more rows are probably waiting."""
+        return self.size >= self.limit > 0
+
+
+def claim_group(stream: str) -> ClaimResult:
+    """Claim up to the stream's batch size of unclaimed rows as one new group.
+
+    One transaction: the claim statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL),
+    the group row, and the process job (inside the same transaction with the ORM
+    broker, after commit with another). A paused stream claims nothing.
+    """
+    config = get_stream(stream)
+    model = config.model_class
+    state = StreamState.objects.filter(stream=stream).first()
+    limit = effective_batch_size(config, state)
+    if state is not None and state.paused:
+        return ClaimResult(stream, None, 0, 0)
+    group_id = uuid.uuid4()
+    ops = buffer_ops(model)
+    with transaction.atomic(using=connection_for(model).alias):
+        size = ops.claim(group_id, limit, stream if config.is_generic else None)
+        if size:
+            OutboxGroup.objects.create(
+                id=group_id,
+                stream=stream,
+                size=size,
+                state=GroupState.CLAIMED,
+                lease_expires_at=Now() + timedelta(seconds=config.lease_seconds),
+            )
+            transport.enqueue(transport.PROCESS, [(stream, str(group_id))], cluster=config.cluster)
+    return ClaimResult(stream, group_id if size else None, size, limit)
+
+
+def run_claim_chain_link(stream: str) -> ClaimResult:
+    """Claim one group; continue the chain if the batch was full, else end it.
+
+    A full claim enqueues its successor so that a backlog drains at worker speed, not
+    at the distribute schedule's pace. The chain's slot in ``claims_in_flight`` passes
+    to the successor; the last link gives it back.
+    """
+    result = claim_group(stream)
+    if result.full:
+        transport.enqueue(transport.CLAIM, [(stream,)], cluster=get_stream(stream).cluster)
+    else:
+        release_claim_slot(stream)
+    return result

@@ -1,0 +1,159 @@
+"""One cached accessor over the ``DJANGO_OUTBOX`` settings dict.
+
+Settings are read on first use, never at import time, and the cache is dropped on
+Django's ``setting_changed`` signal so ``override_settings`` works. Values are not
+validated here: the system checks in :mod:`django_outbox.checks` report bad ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+from django_outbox.exceptions import UnknownStream
+
+SETTING_NAME = "DJANGO_OUTBOX"
+GENERIC_MODEL = "django_outbox.OutboxEvent"
+
+STREAM_DEFAULTS: dict[str, Any] = {
+    "HANDLER": None,
+    "MODEL": GENERIC_MODEL,
+    "BATCH_SIZE": 1000,
+    "MAX_BATCHES": 50,
+    "EVERY_MINUTES": 1,
+    "MAX_ATTEMPTS": 8,
+    "BACKOFF_SECONDS": 10,
+    "BACKOFF_MAX_SECONDS": 3600,
+    "LEASE_SECONDS": 300,
+    "ARCHIVE": True,
+    "TRANSACTIONAL": False,
+    "CLUSTER": None,
+}
+
+GLOBAL_DEFAULTS: dict[str, Any] = {
+    "STREAMS": {},
+    "ARCHIVE_RETENTION_DAYS": 30,
+}
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """The effective options of one stream (settings merged over the defaults)."""
+
+    name: str
+    handler: str | None
+    model: str
+    batch_size: int
+    max_batches: int
+    every_minutes: int
+    max_attempts: int
+    backoff_seconds: int
+    backoff_max_seconds: int
+    lease_seconds: int
+    archive: bool
+    transactional: bool
+    cluster: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @classmethod
+    def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
+        merged = {**STREAM_DEFAULTS, **options}
+        return cls(
+            name=name,
+            handler=merged["HANDLER"],
+            model=merged["MODEL"],
+            batch_size=merged["BATCH_SIZE"],
+            max_batches=merged["MAX_BATCHES"],
+            every_minutes=merged["EVERY_MINUTES"],
+            max_attempts=merged["MAX_ATTEMPTS"],
+            backoff_seconds=merged["BACKOFF_SECONDS"],
+            backoff_max_seconds=merged["BACKOFF_MAX_SECONDS"],
+            lease_seconds=merged["LEASE_SECONDS"],
+            archive=merged["ARCHIVE"],
+            transactional=merged["TRANSACTIONAL"],
+            cluster=merged["CLUSTER"],
+            raw=dict(options),
+        )
+
+    @property
+    def model_class(self) -> type:
+        """The buffer model class (``app_label.ModelName`` resolved through the registry)."""
+        from django.apps import apps
+
+        return apps.get_model(self.model)
+
+    @property
+    def is_generic(self) -> bool:
+        """True when the stream uses the shared ``OutboxEvent`` table."""
+        return self.model_class._meta.label == GENERIC_MODEL
+
+    def handler_func(self) -> Callable[..., Any]:
+        """Import the handler by its dotted path."""
+        return _import_handler(self.handler)
+
+
+@dataclass(frozen=True)
+class OutboxSettings:
+    streams: dict[str, StreamConfig]
+    archive_retention_days: int
+    raw: dict[str, Any]
+
+    def stream(self, name: str) -> StreamConfig:
+        """Return the stream called *name* or raise :class:`UnknownStream`."""
+        try:
+            return self.streams[name]
+        except (KeyError, TypeError):
+            raise UnknownStream(name, list(self.streams)) from None
+
+    def stream_for_model(self, model: type) -> StreamConfig | None:
+        """Return the stream bound to a custom buffer model, if any."""
+        label = model._meta.label
+        for stream in self.streams.values():
+            if stream.model == label and label != GENERIC_MODEL:
+                return stream
+        return None
+
+
+@functools.cache
+def outbox_settings() -> OutboxSettings:
+    """Return the effective settings, cached until ``DJANGO_OUTBOX`` changes."""
+    raw = getattr(settings, SETTING_NAME, {})
+    if not isinstance(raw, dict):
+        raw = {}
+    merged = {**GLOBAL_DEFAULTS, **raw}
+    streams_raw = merged["STREAMS"] if isinstance(merged["STREAMS"], dict) else {}
+    streams = {
+        name: StreamConfig.from_options(name, options if isinstance(options, dict) else {})
+        for name, options in streams_raw.items()
+    }
+    return OutboxSettings(
+        streams=streams,
+        archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
+        raw=raw,
+    )
+
+
+@functools.cache
+def _import_handler(path: str | None) -> Callable[..., Any]:
+    if not path:
+        raise ImportError("The stream has no HANDLER.")
+    return import_string(path)
+
+
+def get_stream(name: str) -> StreamConfig:
+    """Return the configuration of stream *name* or raise :class:`UnknownStream`."""
+    return outbox_settings().stream(name)
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting in (SETTING_NAME, "Q_CLUSTER"):
+        outbox_settings.cache_clear()
+        _import_handler.cache_clear()

@@ -1,0 +1,66 @@
+"""SQLite: the same statements, serialized by the database's write lock.
+
+Use ``"OPTIONS": {"transaction_mode": "IMMEDIATE"}`` so every transaction takes the
+write lock when it begins; then concurrent processes claim disjoint groups.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping
+
+from django.db import models
+
+from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
+
+NOW = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+
+
+class SQLiteBufferOps(BufferOps):
+    skip_locked = False
+
+    def snapshot_sql(self) -> str:
+        """Return a ``json_object(...)`` expression over the row's concrete columns."""
+        parts = []
+        for field in self.model._meta.concrete_fields:
+            column = self.qn(field.column)
+            value = f"json({column})" if isinstance(field, models.JSONField) else column
+            parts.append(f"'{field.column}', {value}")
+        return f"json_object({', '.join(parts)})"
+
+    def archive_group(
+        self,
+        group_id: uuid.UUID,
+        *,
+        stream: str,
+        outcome: str,
+        attempts: int,
+        error: str = "",
+        keep_ids: Iterable[int] = (),
+        row_errors: Mapping[str, str] | None = None,
+        archive: bool = True,
+    ) -> int:
+        keep = list(keep_ids)
+        where = "group_id = %s" + (
+            " AND id NOT IN (SELECT value FROM json_each(%s))" if keep else ""
+        )
+        where_params: list[object] = [self.group_param(group_id)] + (
+            [json.dumps(keep)] if keep else []
+        )
+        if archive:
+            self.execute(
+                f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
+                f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, {NOW}, %s, %s, "
+                f"COALESCE(json_extract(%s, '$.\"' || id || '\"'), %s) "
+                f"FROM {self.table} WHERE {where}",
+                [
+                    stream,
+                    outcome,
+                    attempts,
+                    json.dumps(dict(row_errors or {})),
+                    error,
+                    *where_params,
+                ],
+            )
+        return self.execute(f"DELETE FROM {self.table} WHERE {where}", where_params)

@@ -1,0 +1,36 @@
+"""Exceptions raised by django_outbox at the call site."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error django_outbox raises on purpose."""
+
+
+class UnknownStream(OutboxError, LookupError):
+    """A stream name that is not configured in ``DJANGO_OUTBOX["STREAMS"]``."""
+
+    def __init__(self, name: str, known: list[str] | tuple[str, ...] = ()) -> None:
+        self.name = name
+        hint = f" Configured streams: {', '.join(sorted(known))}." if known else ""
+        super().__init__(f"Unknown outbox stream {name!r}.{hint}")
+
+
+class PayloadError(OutboxError, TypeError):
+    """A payload that cannot be stored as JSON."""
+
+
+class WrongBufferModel(OutboxError):
+    """``publish()`` called for a stream whose buffer is a custom model."""
+
+
+class LeaseLost(OutboxError):
+    """The group's lease was taken over by another worker; stop and change nothing."""
+
+    def __init__(self, group_id: object, attempt: int) -> None:
+        self.group_id = group_id
+        self.attempt = attempt
+        super().__init__(
+            f"Lease of group {group_id} (attempt {attempt}) is lost: another worker took it "
+            "over or it was finalized. This worker must stop without side effects."
+        )

@@ -1,0 +1,16 @@
+"""The app's models, split by concept and re-exported here."""
+
+from django_outbox.models.archive import ArchivedEvent, Outcome
+from django_outbox.models.buffer import BufferEvent, OutboxEvent
+from django_outbox.models.groups import GroupState, OutboxGroup
+from django_outbox.models.state import StreamState
+
+__all__ = [
+    "ArchivedEvent",
+    "BufferEvent",
+    "GroupState",
+    "OutboxEvent",
+    "OutboxGroup",
+    "Outcome",
+    "StreamState",
+]

@@ -1,0 +1,96 @@
+"""Buffer tables: rows inserted one by one in the app's transactions, processed in groups.
+
+A buffer table is small and single-purpose. Rows are inserted, stamped with a
+``group_id`` by a claim, then archived and deleted by the group's process job. It
+carries exactly two indexes, both partial so that an insert touches only one of them:
+the unclaimed rows in id order (what a claim scans) and the claimed rows by group
+(what a process job reads and deletes). Add no other index to a buffer model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models.functions import Now
+from django.db.models.signals import class_prepared
+from django.dispatch import receiver
+
+UNCLAIMED_INDEX = "outbox_unclaimed"
+GROUP_INDEX = "outbox_group"
+
+
+class BufferEvent(models.Model):
+    """Abstract base of a buffer table. Subclass it and add your payload fields.
+
+    Bind the subclass to a stream with ``"MODEL": "app_label.ModelName"`` in
+    ``DJANGO_OUTBOX["STREAMS"]``; publish by creating rows with the plain ORM inside
+    your own transaction.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    group_id = models.UUIDField(null=True, blank=True, editable=False)
+
+    class Meta:
+        abstract = True
+        ordering = ["id"]
+        indexes = [
+            models.Index(
+                fields=["id"],
+                condition=models.Q(group_id__isnull=True),
+                name=UNCLAIMED_INDEX,
+            ),
+            models.Index(
+                fields=["group_id"],
+                condition=models.Q(group_id__isnull=False),
+                name=GROUP_INDEX,
+            ),
+        ]
+
+    @property
+    def is_claimed(self) -> bool:
+        return self.group_id is not None
+
+
+@receiver(class_prepared)
+def _name_buffer_indexes(sender: type[models.Model], **kwargs: Any) -> None:
+    """Give the two inherited buffer indexes unique names of at most 30 characters.
+
+    Index names are global per database and Django limits them to 30 characters, so
+    ``%(app_label)s_%(class)s`` placeholders do not fit; Django's own hashed naming
+    scheme (table, first column, digest) does.
+    """
+    if not issubclass(sender, BufferEvent) or sender._meta.abstract:
+        return
+    for index in sender._meta.indexes:
+        if index.name in (UNCLAIMED_INDEX, GROUP_INDEX):
+            index.set_name_with_model(sender)
+
+
+class OutboxEvent(BufferEvent):
+    """The generic buffer shared by streams that need only a JSON payload.
+
+    Write to it with :func:`django_outbox.publish` / :func:`django_outbox.publish_many`.
+    """
+
+    stream = models.CharField(max_length=64)
+    payload = models.JSONField()
+
+    class Meta(BufferEvent.Meta):
+        verbose_name = "outbox event"
+        indexes = [
+            models.Index(
+                fields=["stream", "id"],
+                condition=models.Q(group_id__isnull=True),
+                name="outbox_event_unclaimed",
+            ),
+            models.Index(
+                fields=["group_id"],
+                condition=models.Q(group_id__isnull=False),
+                name="outbox_event_group",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stream} #{self.pk}"

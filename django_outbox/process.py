@@ -1,0 +1,305 @@
+"""Process: run a group through its stream's bulk handler, then archive and delete it.
+
+The handler receives a :class:`Batch` and returns ``None`` when every row is done, or a
+:class:`BatchResult` naming the rows that failed (only those stay in the group for the
+next attempt). Raising means the whole group failed.
+
+Every change to a group after its lease is taken is fenced by the attempt number: the
+statement only matches a group that is still ``running`` with the attempt this worker
+took. A worker that lost its lease changes nothing and gets :class:`LeaseLost`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+from django_outbox.backoff import backoff_seconds
+from django_outbox.conf import StreamConfig, get_stream
+from django_outbox.db import buffer_ops, connection_for
+from django_outbox.exceptions import LeaseLost
+from django_outbox.models import GroupState, OutboxGroup, Outcome
+
+logger = logging.getLogger("django_outbox")
+
+ERROR_LIMIT = 4000
+
+
+class ProcessOutcome(enum.StrEnum):
+    DONE = "done"
+    PARTIAL = "partial"
+    RETRYING = "retrying"
+    EXHAUSTED = "exhausted"
+    SKIPPED = "skipped"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass
+class BatchResult:
+    """What a handler returns when some rows of its batch failed.
+
+    *failed* maps each failed row's id to its error message; those rows stay in the
+    group and are retried, every other row is archived as done.
+    """
+
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def failures(cls, ids: Iterable[int], error: str) -> BatchResult:
+        """Mark every id in *ids* as failed with the same *error*."""
+        return cls({int(pk): error for pk in ids})
+
+
+class Batch:
+    """One group of buffer rows, as handed to a handler.
+
+    ``events`` is a queryset of the group's rows in id order. ``rows()`` returns them
+    as dicts (one query, no model instances) for handlers that serialize many rows.
+    """
+
+    def __init__(self, config: StreamConfig, group_id: uuid.UUID, attempt: int) -> None:
+        self.config = config
+        self.stream = config.name
+        self.group_id = group_id
+        self.attempt = attempt
+        self.model = config.model_class
+
+    def __repr__(self) -> str:
+        return f"<Batch {self.stream} group={self.group_id} attempt={self.attempt}>"
+
+    @property
+    def events(self) -> QuerySet:
+        return self.model._default_manager.filter(group_id=self.group_id).order_by("id")
+
+    def rows(self, *fields: str) -> list[dict[str, Any]]:
+        """Return the group's rows as dicts of *fields* (all concrete fields by default)."""
+        return list(self.events.values(*fields))
+
+    @cached_property
+    def ids(self) -> list[int]:
+        return list(self.events.values_list("id", flat=True))
+
+    def heartbeat(self) -> None:
+        """Extend the lease by ``LEASE_SECONDS``; raise :class:`LeaseLost` if it is gone."""
+        extended = _fenced(self.group_id, self.attempt).update(
+            lease_expires_at=Now() + timedelta(seconds=self.config.lease_seconds),
+            updated_at=Now(),
+        )
+        if not extended:
+            raise LeaseLost(self.group_id, self.attempt)
+
+
+def _fenced(group_id: uuid.UUID, attempt: int) -> QuerySet:
+    return OutboxGroup.objects.filter(id=group_id, attempt=attempt, state=GroupState.RUNNING)
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
+    """Start attempt n of a queued group and return n, or ``None`` if it is not queued.
+
+    ``None`` means a duplicate delivery, a group already running elsewhere, or a group
+    that no longer exists: the job has nothing to do.
+    """
+    with transaction.atomic(using=connection_for(OutboxGroup).alias):
+        group = (
+            OutboxGroup.objects.select_for_update()
+            .filter(id=group_id, stream=config.name, state=GroupState.CLAIMED)
+            .values("attempt")
+            .first()
+        )
+        if group is None:
+            return None
+        attempt = group["attempt"] + 1
+        OutboxGroup.objects.filter(id=group_id).update(
+            state=GroupState.RUNNING,
+            attempt=attempt,
+            lease_expires_at=Now() + timedelta(seconds=config.lease_seconds),
+            worker=worker_identity(),
+            updated_at=Now(),
+        )
+    return attempt
+
+
+def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
+    """Run one attempt of a group: lease, handler, then finalize or record the failure."""
+    config = get_stream(stream)
+    group_id = uuid.UUID(str(group_id))
+    attempt = take_lease(config, group_id)
+    if attempt is None:
+        return ProcessOutcome.SKIPPED
+    batch = Batch(config, group_id, attempt)
+    try:
+        if config.transactional:
+            return _run_transactional(batch)
+        result = _call_handler(batch)
+    except LeaseLost:
+        logger.warning("Lease lost: %s", batch)
+        return ProcessOutcome.LEASE_LOST
+    except Exception as exc:
+        return fail_group(batch, _describe(exc))
+    try:
+        return finalize(batch, result)
+    except LeaseLost:
+        logger.warning("Lease lost before finalize: %s", batch)
+        return ProcessOutcome.LEASE_LOST
+
+
+def _call_handler(batch: Batch) -> BatchResult | None:
+    result = batch.config.handler_func()(batch)
+    if result is not None and not isinstance(result, BatchResult):
+        raise TypeError(
+            f"The handler of stream {batch.stream!r} returned {type(result).__name__}; "
+            "return None when every row is done or a BatchResult naming the failed rows."
+        )
+    return result
+
+
+def _run_transactional(batch: Batch) -> ProcessOutcome:
+    """Run the handler inside the finalize transaction (exactly-once database writes)."""
+    try:
+        with transaction.atomic(using=connection_for(OutboxGroup).alias):
+            _lock_fenced(batch)
+            result = _call_handler(batch)
+            return _finalize_locked(batch, result)
+    except LeaseLost:
+        raise
+    except Exception as exc:
+        return fail_group(batch, _describe(exc))
+
+
+def _lock_fenced(batch: Batch) -> None:
+    if not _fenced(batch.group_id, batch.attempt).select_for_update().exists():
+        raise LeaseLost(batch.group_id, batch.attempt)
+
+
+def finalize(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
+    """Archive and delete the done rows; keep failed rows for a retry. One transaction."""
+    with transaction.atomic(using=connection_for(OutboxGroup).alias):
+        _lock_fenced(batch)
+        return _finalize_locked(batch, result)
+
+
+def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
+    config = batch.config
+    failed = {
+        str(pk): str(err)[:ERROR_LIMIT] for pk, err in (result.failed if result else {}).items()
+    }
+    ops = buffer_ops(batch.model)
+    ops.archive_group(
+        batch.group_id,
+        stream=config.name,
+        outcome=Outcome.DONE,
+        attempts=batch.attempt,
+        keep_ids=[int(pk) for pk in failed],
+        archive=config.archive,
+    )
+    if not failed:
+        OutboxGroup.objects.filter(id=batch.group_id).delete()
+        return ProcessOutcome.DONE
+    remaining = batch.model._default_manager.filter(group_id=batch.group_id).count()
+    if remaining == 0:
+        # The handler named rows that are not in the group: nothing is left to retry.
+        OutboxGroup.objects.filter(id=batch.group_id).delete()
+        return ProcessOutcome.DONE
+    summary = f"{remaining} of the group's rows failed"
+    outcome = _record_failure(batch, summary, row_errors=failed, size=remaining)
+    return ProcessOutcome.PARTIAL if outcome is ProcessOutcome.RETRYING else outcome
+
+
+def fail_group(batch: Batch, error: str) -> ProcessOutcome:
+    """Record that the handler failed the whole group: retry later or exhaust."""
+    try:
+        with transaction.atomic(using=connection_for(OutboxGroup).alias):
+            _lock_fenced(batch)
+            return _record_failure(batch, error)
+    except LeaseLost:
+        logger.warning("Lease lost while recording a failure: %s", batch)
+        return ProcessOutcome.LEASE_LOST
+
+
+def _record_failure(
+    batch: Batch,
+    error: str,
+    *,
+    row_errors: Mapping[str, str] | None = None,
+    size: int | None = None,
+) -> ProcessOutcome:
+    config = batch.config
+    if batch.attempt >= config.max_attempts:
+        exhaust_group(config, batch.group_id, batch.attempt, error, row_errors=row_errors)
+        return ProcessOutcome.EXHAUSTED
+    delay = backoff_seconds(batch.attempt, config.backoff_seconds, config.backoff_max_seconds)
+    changes: dict[str, Any] = {
+        "state": GroupState.RETRYING,
+        "next_attempt_at": Now() + timedelta(seconds=delay),
+        "lease_expires_at": None,
+        "last_error": error[:ERROR_LIMIT],
+        "row_errors": dict(row_errors) if row_errors else None,
+        "updated_at": Now(),
+    }
+    if size is not None:
+        changes["size"] = size
+    _fenced(batch.group_id, batch.attempt).update(**changes)
+    logger.warning(
+        "Group %s of stream %s failed attempt %s of %s; retrying in %.0fs: %s",
+        batch.group_id,
+        config.name,
+        batch.attempt,
+        config.max_attempts,
+        delay,
+        error.splitlines()[-1] if error else "",
+    )
+    return ProcessOutcome.RETRYING
+
+
+def exhaust_group(
+    config: StreamConfig,
+    group_id: uuid.UUID,
+    attempt: int,
+    error: str,
+    *,
+    row_errors: Mapping[str, str] | None = None,
+) -> int:
+    """Dead-letter a group: archive its rows as failed with their errors, then delete it.
+
+    The rows are archived even when the stream's ``ARCHIVE`` is off: a dead letter is
+    kept for an operator to replay. Returns the number of rows dead-lettered.
+    """
+    rows = buffer_ops(config.model_class).archive_group(
+        group_id,
+        stream=config.name,
+        outcome=Outcome.FAILED,
+        attempts=attempt,
+        error=error[:ERROR_LIMIT],
+        row_errors=row_errors,
+    )
+    OutboxGroup.objects.filter(id=group_id).delete()
+    logger.error(
+        "Group %s of stream %s exhausted after %s attempts; %s rows dead-lettered: %s",
+        group_id,
+        config.name,
+        attempt,
+        rows,
+        error.splitlines()[-1] if error else "",
+    )
+    return rows
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).strip()[-ERROR_LIMIT:]

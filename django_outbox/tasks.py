@@ -1,0 +1,30 @@
+"""django-q2 task functions: thin wrappers over the core, addressed by dotted path.
+
+They always return normally after recording the outcome in our tables, so django-q2
+never redelivers them on its own; our tables decide what runs again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django_outbox.claim import run_claim_chain_link
+from django_outbox.distribute import distribute as distribute_stream
+from django_outbox.distribute import distribute_all
+from django_outbox.process import process_group
+
+
+def distribute(stream: str | None = None) -> list[dict[str, Any]]:
+    """Distribute one stream, or every stream when *stream* is None."""
+    results = [distribute_stream(stream)] if stream else distribute_all()
+    return [vars(result) for result in results]
+
+
+def claim(stream: str) -> int:
+    """Claim one group of *stream* and continue the chain if the batch was full."""
+    return run_claim_chain_link(stream).size
+
+
+def process(stream: str, group_id: str) -> str:
+    """Process one group of *stream*."""
+    return process_group(stream, group_id).value

@@ -1,0 +1,110 @@
+"""Settings for the test suite.
+
+``DATABASE_URL`` selects the database: unset or empty means SQLite (the fast tier),
+a ``postgres://`` URL means the PostgreSQL tier. ``python3 dev.py test`` runs both.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import dj_database_url
+
+SECRET_KEY = "django-outbox-tests"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_q",
+    "django_outbox",
+    "marketing",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+_url = os.environ.get("DATABASE_URL", "").strip()
+if _url:
+    DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
+else:
+    # A file, not :memory:, so that subprocesses (qcluster, concurrent claimers) share it.
+    _name = os.environ.get(
+        "OUTBOX_TEST_SQLITE",
+        os.path.join(tempfile.gettempdir(), f"django_outbox_tests_{os.getpid()}.sqlite3"),
+    )
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name,
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": _name},
+        }
+    }
+
+Q_CLUSTER = {
+    "name": "outbox-tests",
+    "orm": "default",
+    "workers": 2,
+    "timeout": 60,
+    "retry": 90,
+    "poll": 0.05,
+    "catch_up": False,
+    "save_limit": 0,
+    "max_attempts": 1,
+}
+
+DJANGO_OUTBOX = {
+    "STREAMS": {
+        "marketing": {
+            "HANDLER": "marketing.outbox.sync_activities",
+            "MODEL": "marketing.ContactActivityEvent",
+            "BATCH_SIZE": 100,
+            "LEASE_SECONDS": 120,
+        },
+        "audit": {
+            "HANDLER": "tests.testapp.handlers.record",
+            "BATCH_SIZE": 10,
+            "MAX_ATTEMPTS": 3,
+            "BACKOFF_SECONDS": 1,
+            "LEASE_SECONDS": 120,
+        },
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "loggers": {"django_q": {"handlers": ["null"], "propagate": False}},
+}
