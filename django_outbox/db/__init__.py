@@ -5,9 +5,12 @@ Nothing outside this package builds SQL or asks which database it runs on.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
+from django.utils import timezone
 
 from django_outbox.db.base import BufferOps
 
@@ -33,4 +36,19 @@ def buffer_ops(model: type[Model]) -> BufferOps:
     )
 
 
-__all__ = ["BufferOps", "buffer_ops", "connection_for"]
+__all__ = ["BufferOps", "buffer_ops", "connection_for", "database_now"]
+
+
+def database_now(alias: str = "default") -> datetime:
+    """Return the database's current time as an aware UTC datetime."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        from django_outbox.db.postgresql import NOW_SQL
+    else:
+        from django_outbox.db.sqlite import NOW_SQL
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {NOW_SQL}".replace("%%", "%"))
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)

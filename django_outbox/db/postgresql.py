@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 
 from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
 
+NOW_SQL = "now()"
+
 
 class PostgresBufferOps(BufferOps):
     skip_locked = True

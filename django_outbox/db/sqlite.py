@@ -14,7 +14,7 @@ from django.db import models
 
 from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
 
-NOW = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+NOW_SQL = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 
 
 class SQLiteBufferOps(BufferOps):
@@ -51,7 +51,7 @@ class SQLiteBufferOps(BufferOps):
         if archive:
             self.execute(
                 f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
-                f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, {NOW}, %s, %s, "
+                f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, {NOW_SQL}, %s, %s, "
                 f"COALESCE(json_extract(%s, '$.\"' || id || '\"'), %s) "
                 f"FROM {self.table} WHERE {where}",
                 [

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_outbox.exceptions import UnknownStream
+from django_outbox.run import RunReport, run_inline
+from django_outbox.status import StreamStatus
+
+
+class Command(BaseCommand):
+    help = "Run distribute, claim and process inline (without a django-q2 cluster)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("streams", nargs="*", help="Streams to run (default: all).")
+        parser.add_argument(
+            "--until-empty",
+            action="store_true",
+            help="Repeat until no rows or groups are left, waiting for due retries.",
+        )
+        parser.add_argument(
+            "--max-wait",
+            type=float,
+            default=300.0,
+            help="With --until-empty, give up after waiting this many seconds for retries.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        tty = self.stdout.isatty()
+
+        def on_round(report: RunReport, statuses: list[StreamStatus]) -> None:
+            if tty:
+                line = "  ".join(
+                    f"{s.stream}: backlog {s.backlog:,} in flight "
+                    f"{s.groups_claimed + s.groups_running + s.groups_retrying}"
+                    for s in statuses
+                )
+                self.stdout.write(
+                    f"\rround {report.rounds}: claimed {report.rows_claimed:,} rows  {line}",
+                    ending="",
+                )
+                sys.stdout.flush()
+
+        try:
+            report = run_inline(
+                options["streams"] or None,
+                until_empty=options["until_empty"],
+                max_wait_seconds=options["max_wait"],
+                on_round=on_round,
+            )
+        except UnknownStream as exc:
+            raise CommandError(str(exc)) from exc
+        if tty:
+            self.stdout.write("")
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "none"
+        self.stdout.write(
+            f"Claimed {report.rows_claimed:,} rows in {report.jobs['claim']:,} claim jobs; "
+            f"processed {report.jobs['process']:,} groups ({outcomes}); "
+            f"{report.rounds} round(s), stopped: {report.stopped_because}."
+        )
+        if report.stopped_because in ("timeout", "paused"):
+            raise CommandError(
+                "Rows are left: "
+                + (
+                    "a stream is paused."
+                    if report.stopped_because == "paused"
+                    else "retries were not due within --max-wait."
+                )
+            )

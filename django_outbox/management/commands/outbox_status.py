@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_outbox.exceptions import UnknownStream
+from django_outbox.status import all_statuses
+
+
+class Command(BaseCommand):
+    help = "Show each stream's backlog, lag, groups in flight and recent throughput."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("streams", nargs="*", help="Streams to show (default: all).")
+        parser.add_argument("--json", action="store_true", help="Print JSON for machines.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            statuses = all_statuses(options["streams"] or None)
+        except UnknownStream as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps([s.as_json() for s in statuses], indent=2))
+            return
+        header = (
+            f"{'stream':<20} {'state':<7} {'backlog':>9} {'lag':>8} {'claimed':>7} "
+            f"{'running':>7} {'retrying':>8} {'done 1h':>9} {'failed 1h':>9}"
+        )
+        self.stdout.write(header)
+        for s in statuses:
+            backlog = f"{s.backlog:,}" + ("+" if s.backlog_capped else "")
+            lag = "-" if s.lag_seconds is None else f"{s.lag_seconds:.0f}s"
+            self.stdout.write(
+                f"{s.stream:<20} {'paused' if s.paused else 'active':<7} {backlog:>9} {lag:>8} "
+                f"{s.groups_claimed:>7} {s.groups_running:>7} {s.groups_retrying:>8} "
+                f"{s.archived_last_hour:>9,} {s.failed_last_hour:>9,}"
+            )

@@ -1,0 +1,96 @@
+"""Run the pipeline inline, in this process, for operators and development."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db.models import Min
+
+from django_outbox import transport
+from django_outbox.conf import get_stream, outbox_settings
+from django_outbox.db import connection_for, database_now
+from django_outbox.distribute import distribute
+from django_outbox.models import GroupState, OutboxGroup, StreamState
+from django_outbox.status import StreamStatus, stream_status
+
+
+@dataclass
+class RunReport:
+    rounds: int = 0
+    jobs: Counter = field(default_factory=Counter)
+    outcomes: Counter = field(default_factory=Counter)
+    rows_claimed: int = 0
+    stopped_because: str = ""
+
+
+def run_inline(
+    streams: list[str] | None = None,
+    *,
+    until_empty: bool = False,
+    max_wait_seconds: float = 300.0,
+    on_round: Callable[[RunReport, list[StreamStatus]], None] | None = None,
+) -> RunReport:
+    """Distribute, claim and process the streams here, without a django-q2 cluster.
+
+    One round distributes every stream and runs the jobs that result (and the jobs
+    those enqueue) to the end. With *until_empty*, rounds repeat until no stream has
+    unclaimed rows or groups in flight, waiting for retries whose backoff has not
+    passed yet, for at most *max_wait_seconds* in all.
+    """
+    names = streams or list(outbox_settings().streams)
+    for name in names:
+        get_stream(name)
+    report = RunReport()
+    waited = 0.0
+    with transport.capture() as queue:
+        while True:
+            report.rounds += 1
+            for name in names:
+                distribute(name)
+            while queue:
+                job = queue.popleft()
+                result = job.run()
+                report.jobs[job.func.rsplit(".", 1)[-1]] += 1
+                if job.func == transport.PROCESS:
+                    report.outcomes[result] += 1
+                elif job.func == transport.CLAIM:
+                    report.rows_claimed += result
+            statuses = [stream_status(name) for name in names]
+            if on_round:
+                on_round(report, statuses)
+            if not until_empty:
+                report.stopped_because = "one round"
+                return report
+            pending = [s for s in statuses if s.backlog or _in_flight(s)]
+            if not pending:
+                report.stopped_because = "empty"
+                return report
+            if all(s.paused for s in pending):
+                report.stopped_because = "paused"
+                return report
+            delay = _seconds_until_next_retry(names)
+            if waited + delay > max_wait_seconds:
+                report.stopped_because = "timeout"
+                return report
+            time.sleep(delay)
+            waited += delay
+
+
+def _in_flight(status: StreamStatus) -> int:
+    return status.groups_claimed + status.groups_running + status.groups_retrying
+
+
+def _seconds_until_next_retry(names: list[str]) -> float:
+    """How long until the earliest retry is due, between 0.05 and 1 second."""
+    due = (
+        OutboxGroup.objects.filter(stream__in=names, state=GroupState.RETRYING)
+        .aggregate(first=Min("next_attempt_at"))
+        .get("first")
+    )
+    if due is None:
+        return 0.05
+    now = database_now(connection_for(StreamState).alias)
+    return min(max((due - now).total_seconds(), 0.05), 1.0)

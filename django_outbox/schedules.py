@@ -1,0 +1,104 @@
+"""Keep django-q2 ``Schedule`` rows in line with the settings, by name.
+
+Each stream gets one schedule, ``django_outbox:distribute:<stream>``, running
+``django_outbox.tasks.distribute`` every ``EVERY_MINUTES`` on the stream's cluster.
+Schedules whose name starts with ``django_outbox:`` and that the settings no longer
+ask for are removed; other schedules are never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.db import transaction
+
+from django_outbox import transport
+from django_outbox.conf import outbox_settings
+
+PREFIX = "django_outbox:"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str
+    func: str
+    args: str
+    minutes: int
+    cluster: str | None
+
+    def fields(self) -> dict[str, Any]:
+        from django_q.models import Schedule
+
+        return {
+            "func": self.func,
+            "args": self.args,
+            "kwargs": None,
+            "schedule_type": Schedule.MINUTES,
+            "minutes": self.minutes,
+            "repeats": -1,
+            "cluster": self.cluster,
+        }
+
+
+@dataclass(frozen=True)
+class ScheduleChange:
+    action: Literal["create", "update", "delete"]
+    name: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.name}" + (f" ({self.detail})" if self.detail else "")
+
+
+def desired_schedules() -> list[ScheduleSpec]:
+    return [
+        ScheduleSpec(
+            name=f"{PREFIX}distribute:{stream.name}",
+            func=transport.DISTRIBUTE,
+            args=repr((stream.name,)),
+            minutes=stream.every_minutes,
+            cluster=stream.cluster,
+        )
+        for stream in outbox_settings().streams.values()
+    ]
+
+
+def sync_schedules(*, apply: bool = True) -> list[ScheduleChange]:
+    """Return the changes that bring the schedules in line; make them when *apply*."""
+    from django_q.models import Schedule
+
+    changes: list[ScheduleChange] = []
+    wanted = {spec.name: spec for spec in desired_schedules()}
+    with transaction.atomic(using=Schedule.objects.db):
+        existing: dict[str, Schedule] = {}
+        for schedule in Schedule.objects.filter(name__startswith=PREFIX).order_by("pk"):
+            if schedule.name in wanted and schedule.name not in existing:
+                existing[schedule.name] = schedule
+                continue
+            changes.append(ScheduleChange("delete", schedule.name, "not in settings"))
+            if apply:
+                schedule.delete()
+        for name, spec in wanted.items():
+            schedule = existing.get(name)
+            if schedule is None:
+                changes.append(ScheduleChange("create", name, f"every {spec.minutes} min"))
+                if apply:
+                    Schedule.objects.create(name=name, **spec.fields())
+                continue
+            drift = {
+                key: value
+                for key, value in spec.fields().items()
+                if getattr(schedule, key) != value
+            }
+            if drift:
+                detail = ", ".join(
+                    f"{key}: {getattr(schedule, key)!r} -> {value!r}"
+                    for key, value in drift.items()
+                )
+                changes.append(ScheduleChange("update", name, detail))
+                if apply:
+                    for key, value in drift.items():
+                        setattr(schedule, key, value)
+                    schedule.save()
+    return changes

@@ -1,0 +1,80 @@
+"""A snapshot of each stream's health, with every count bounded."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count
+
+from django_outbox.conf import get_stream, outbox_settings
+from django_outbox.db import buffer_ops, connection_for, database_now
+from django_outbox.models import ArchivedEvent, GroupState, OutboxGroup, Outcome, StreamState
+from django_outbox.streams import effective_batch_size
+
+#: Counts stop here, so a status query never scans a huge table.
+COUNT_CAP = 1_000_000
+
+
+@dataclass(frozen=True)
+class StreamStatus:
+    stream: str
+    paused: bool
+    batch_size: int
+    backlog: int
+    backlog_capped: bool
+    oldest_unclaimed_at: datetime | None
+    lag_seconds: float | None
+    groups_claimed: int
+    groups_running: int
+    groups_retrying: int
+    archived_last_hour: int
+    failed_last_hour: int
+    claims_in_flight: int
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.oldest_unclaimed_at is not None:
+            data["oldest_unclaimed_at"] = self.oldest_unclaimed_at.isoformat()
+        return data
+
+
+def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
+    """Return the status of *stream*."""
+    config = get_stream(stream)
+    model = config.model_class
+    state = StreamState.objects.filter(stream=stream).first()
+    now = database_now(connection_for(model).alias)
+    stream_filter = stream if config.is_generic else None
+    backlog = buffer_ops(model).count_unclaimed(cap, stream_filter)
+    unclaimed = model._default_manager.filter(group_id__isnull=True)
+    if stream_filter is not None:
+        unclaimed = unclaimed.filter(stream=stream)
+    oldest = unclaimed.order_by("id").values_list("created_at", flat=True).first()
+    groups = dict(
+        OutboxGroup.objects.filter(stream=stream)
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    recent = ArchivedEvent.objects.filter(stream=stream, archived_at__gte=now - timedelta(hours=1))
+    return StreamStatus(
+        stream=stream,
+        paused=bool(state and state.paused),
+        batch_size=effective_batch_size(config, state),
+        backlog=backlog,
+        backlog_capped=backlog >= cap,
+        oldest_unclaimed_at=oldest,
+        lag_seconds=(now - oldest).total_seconds() if oldest else None,
+        groups_claimed=groups.get(GroupState.CLAIMED, 0),
+        groups_running=groups.get(GroupState.RUNNING, 0),
+        groups_retrying=groups.get(GroupState.RETRYING, 0),
+        archived_last_hour=recent.filter(outcome=Outcome.DONE)[:cap].count(),
+        failed_last_hour=recent.filter(outcome=Outcome.FAILED)[:cap].count(),
+        claims_in_flight=state.claims_in_flight if state else 0,
+    )
+
+
+def all_statuses(streams: list[str] | None = None) -> list[StreamStatus]:
+    return [stream_status(name) for name in (streams or list(outbox_settings().streams))]

@@ -1,0 +1,98 @@
+"""Test tiers and shared fixtures.
+
+* fast tier: every test not marked ``postgres``, on whichever database DATABASE_URL names
+  (SQLite when unset);
+* PostgreSQL tier: the whole suite again on PostgreSQL, including tests marked
+  ``postgres``; with ``OUTBOX_REQUIRE_POSTGRES=1`` the run fails unless it really
+  talks to PostgreSQL;
+* process tier: tests marked ``process`` start real qcluster or worker subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+import pytest
+from django.core.cache import cache
+from django.db import connection
+
+from django_outbox import transport
+from tests.testapp.handlers import MODE_KEY
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        return
+    skip = pytest.mark.skip(reason="PostgreSQL tier (runs when DATABASE_URL names PostgreSQL)")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("OUTBOX_REQUIRE_POSTGRES") == "1":
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            raise pytest.UsageError(
+                "OUTBOX_REQUIRE_POSTGRES=1 but the test database is "
+                f"{connection.vendor!r}: set DATABASE_URL to a PostgreSQL server."
+            )
+
+
+@pytest.fixture(autouse=True)
+def _clean_cache():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def handler_mode():
+    """Set how the ``audit`` test handler behaves: ok, raise, fail-odd, fail-marked."""
+
+    def set_mode(mode: str) -> None:
+        cache.set(MODE_KEY, mode, None)
+
+    return set_mode
+
+
+class InlineRunner:
+    """Run the pipeline in this process: jobs go to a deque instead of django-q2."""
+
+    def __init__(self) -> None:
+        self.jobs: deque[transport.Job] = deque()
+        self.ran: list[transport.Job] = []
+
+    def drain(self, limit: int = 10_000) -> list[transport.Job]:
+        """Run queued jobs (and the jobs they enqueue) until none is left."""
+        ran = []
+        with transport.capture() as queue:
+            queue.extend(self.jobs)
+            self.jobs.clear()
+            while queue and len(ran) < limit:
+                job = queue.popleft()
+                job.run()
+                ran.append(job)
+        self.ran.extend(ran)
+        return ran
+
+    def enqueue(self, func: str, *args: object) -> None:
+        self.jobs.append(transport.Job(func, args))
+
+    def distribute(self, stream: str) -> list[transport.Job]:
+        self.enqueue(transport.DISTRIBUTE, stream)
+        return self.drain()
+
+
+@pytest.fixture
+def inline() -> InlineRunner:
+    return InlineRunner()
+
+
+@pytest.fixture
+def vendor() -> str:
+    return connection.vendor
