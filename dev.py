@@ -238,17 +238,13 @@ class TierResult:
         """Tests that really ran, whatever their outcome."""
         return self.tests - self.skipped
 
-    @property
-    def ok(self) -> bool:
-        """Exit code 0 (5, no tests collected, is a failure like any other)."""
-        return self.exit_code == 0
-
 
 def read_junit(result: TierResult, path: Path) -> None:
     """Fill the counts of ``result`` from pytest's junit xml at ``path``, if it exists."""
-    if not path.exists():
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):  # no report (pytest crashed or was killed) or a torn one
         return
-    root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     for suite in suites:
         result.tests += int(suite.get("tests", 0))
@@ -282,17 +278,26 @@ def cmd_test(pytest_args: list[str]) -> int:
         "ruff format": run([BIN / "ruff", "format", "--check", "."]) == 0,
     }
     with find_postgres() as pg:
-        tiers = [
-            run_tier("sqlite", {"DATABASE_URL": ""}, pytest_args),
-            run_tier(
-                "postgresql", {"DATABASE_URL": pg.url, "OUTBOX_REQUIRE_POSTGRES": "1"}, pytest_args
-            ),
-        ]
+        sqlite = run_tier("sqlite", {"DATABASE_URL": ""}, pytest_args)
+        pg_env = {"DATABASE_URL": pg.url, "OUTBOX_REQUIRE_POSTGRES": "1"}
+        postgresql = run_tier("postgresql", pg_env, pytest_args)
     problems = [f"{name} failed" for name, ok in ruff.items() if not ok]
-    problems += [f"pytest tier {t.name!r} exited {t.exit_code}" for t in tiers if not t.ok]
-    pg_tier = tiers[-1]
-    if not pg_tier.report_found or pg_tier.tests == 0 or pg_tier.executed == 0:
-        problems.append("the PostgreSQL tier EXECUTED NO TEST: it must never be skipped silently")
+    for t in (sqlite, postgresql):
+        if t.exit_code == 5:
+            problems.append(f"pytest tier {t.name!r} collected no tests (exit 5)")
+        elif t.exit_code != 0:
+            problems.append(f"pytest tier {t.name!r} failed (exit {t.exit_code})")
+    if postgresql.executed == 0:  # also when there is no report or it lists no test at all
+        problem = "the PostgreSQL tier EXECUTED NO TEST; it must never be skipped silently"
+        log(f"ERROR: {problem}")
+        problems.append(problem)
+    return report(ruff, [sqlite, postgresql], pg, problems)
+
+
+def report(
+    ruff: dict[str, bool], tiers: list[TierResult], pg: Postgres, problems: list[str]
+) -> int:
+    """Print the summary block (also to artifacts/summary.txt); return the exit code."""
     lines = ["", "=" * 24 + " dev.py summary " + "=" * 24]
     lines += [f"{name:<18}{'ok' if ok else 'FAILED'}" for name, ok in ruff.items()]
     for t in tiers:
@@ -327,6 +332,20 @@ def cmd_demo(demo_args: list[str]) -> int:
     return run([PYTHON, "manage.py", "demo", *demo_args], cwd=project)
 
 
+def pyenv_versions(current: str) -> str:
+    """PYENV_VERSION for tox: ``current`` plus those of DEFAULT_PYENV_VERSION pyenv has.
+
+    pyenv's ``python3`` shim itself sets PYENV_VERSION to the one version running dev.py,
+    which alone would hide python3.12 and python3.13 from tox; so extend, don't replace.
+    """
+    versions = [v for v in current.split(":") if v]
+    installed = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for version in DEFAULT_PYENV_VERSION.split(":"):
+        if version not in versions and (installed / version).is_dir():
+            versions.append(version)
+    return ":".join(versions) or DEFAULT_PYENV_VERSION
+
+
 def cmd_tox(tox_args: list[str]) -> int:
     """Run tox from the venv with a PostgreSQL server exported as OUTBOX_PG_URL."""
     bootstrap()
@@ -336,7 +355,7 @@ def cmd_tox(tox_args: list[str]) -> int:
             raise DevError("pip install tox failed (see above)")
     with find_postgres() as pg:
         env = {**os.environ, "OUTBOX_PG_URL": pg.url}
-        env.setdefault("PYENV_VERSION", DEFAULT_PYENV_VERSION)
+        env["PYENV_VERSION"] = pyenv_versions(env.get("PYENV_VERSION", ""))
         log(f"tox {' '.join(tox_args)} (PYENV_VERSION={env['PYENV_VERSION']})")
         return run([BIN / "tox", *tox_args], env=env)
 

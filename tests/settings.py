@@ -106,5 +106,5 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"null": {"class": "logging.NullHandler"}},
-    "loggers": {"django_q": {"handlers": ["null"], "propagate": False}},
+    "loggers": {"django-q": {"handlers": ["null"], "propagate": False}},
 }

@@ -99,3 +99,13 @@ DJANGO_OUTBOX = {
 # Every 7th request to the fake marketing API fails with a transient error, so the demo
 # shows retries at work.
 MARKETING_API = {"FAIL_EVERY": int(os.environ.get("MARKETING_API_FAIL_EVERY", "7"))}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django-q": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "django_outbox": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+    },
+}
