@@ -28,14 +28,14 @@ _LAZY = {
     "OutboxError": "django_outbox.exceptions",
     "PayloadError": "django_outbox.exceptions",
     "UnknownStream": "django_outbox.exceptions",
-    "publish": "django_outbox.publish",
-    "publish_many": "django_outbox.publish",
+    "publish": "django_outbox.publishing",
+    "publish_many": "django_outbox.publishing",
 }
 
 if TYPE_CHECKING:
     from django_outbox.exceptions import LeaseLost, OutboxError, PayloadError, UnknownStream
     from django_outbox.process import Batch, BatchResult
-    from django_outbox.publish import publish, publish_many
+    from django_outbox.publishing import publish, publish_many
 
 
 def __getattr__(name: str) -> Any:
