@@ -1,0 +1,268 @@
+"""process_group(): lease, handler, finalize; failures, fencing and heartbeats."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+from django.db import connection
+
+from django_outbox import BatchResult, LeaseLost, publish_many, transport
+from django_outbox.claim import claim_group
+from django_outbox.conf import get_stream
+from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, Outcome
+from django_outbox.process import Batch, ProcessOutcome, finalize, process_group, take_lease
+from tests.testapp.models import HandledCall
+
+pytestmark = pytest.mark.django_db
+
+AUDIT = {"HANDLER": "tests.testapp.handlers.record", "BATCH_SIZE": 10, "MAX_ATTEMPTS": 3}
+
+
+def claim(stream: str = "audit"):
+    with transport.capture():
+        return claim_group(stream)
+
+
+def make_due(group_id) -> None:
+    OutboxGroup.objects.filter(pk=group_id).update(
+        state=GroupState.CLAIMED, next_attempt_at=None, lease_expires_at=Now()
+    )
+
+
+def test_success_archives_and_deletes_exactly_the_group_rows():
+    publish_many("audit", [{"n": i} for i in range(25)])
+    first, second = claim(), claim()
+    first_ids = set(
+        OutboxEvent.objects.filter(group_id=first.group_id).values_list("id", flat=True)
+    )
+
+    assert process_group("audit", first.group_id) is ProcessOutcome.DONE
+
+    assert not OutboxEvent.objects.filter(id__in=first_ids).exists()
+    assert OutboxEvent.objects.filter(group_id=second.group_id).count() == 10
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 5
+    assert not OutboxGroup.objects.filter(pk=first.group_id).exists()
+    archived = ArchivedEvent.objects.filter(group_id=first.group_id)
+    assert set(archived.values_list("event_id", flat=True)) == first_ids
+    assert set(archived.values_list("outcome", "attempts")) == {(Outcome.DONE, 1)}
+    call = HandledCall.objects.get()
+    assert (call.group_id, call.attempt, set(call.event_ids)) == (first.group_id, 1, first_ids)
+
+
+def test_the_archive_keeps_a_snapshot_of_custom_buffer_rows(inline):
+    from marketing.models import ContactActivity, ContactActivityEvent, Lead
+
+    lead = Lead.objects.create(name="Ada", email="ada@example.com")
+    activity = ContactActivity.objects.create(lead=lead, kind="call")
+    event = ContactActivityEvent.objects.create(activity=activity)
+
+    inline.distribute("marketing")
+
+    snapshot = ArchivedEvent.objects.get(stream="marketing", event_id=event.pk)
+    assert snapshot.data["activity_id"] == activity.pk
+    assert snapshot.data["id"] == event.pk
+    assert snapshot.outcome == Outcome.DONE
+    assert not ContactActivityEvent.objects.exists()
+
+
+def test_a_partial_result_keeps_only_the_failed_rows_for_the_next_attempt(handler_mode):
+    publish_many("audit", [{"n": i, "fail": i in (2, 5)} for i in range(10)])
+    result = claim()
+    failed_ids = set(OutboxEvent.objects.filter(payload__fail=True).values_list("id", flat=True))
+    handler_mode("fail-marked")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.PARTIAL
+
+    group = OutboxGroup.objects.get(pk=result.group_id)
+    assert (group.state, group.attempt, group.size) == (GroupState.RETRYING, 1, 2)
+    assert group.row_errors == {str(pk): "marked" for pk in failed_ids}
+    assert set(OutboxEvent.objects.values_list("id", flat=True)) == failed_ids
+    assert ArchivedEvent.objects.filter(outcome=Outcome.DONE).count() == 8
+
+    handler_mode("ok")
+    make_due(result.group_id)
+    assert process_group("audit", result.group_id) is ProcessOutcome.DONE
+
+    second_call = HandledCall.objects.get(attempt=2)
+    assert set(second_call.event_ids) == failed_ids
+    retried = ArchivedEvent.objects.filter(event_id__in=failed_ids)
+    assert set(retried.values_list("outcome", "attempts")) == {(Outcome.DONE, 2)}
+    assert not OutboxEvent.objects.exists() and not OutboxGroup.objects.exists()
+
+
+def test_a_raising_handler_makes_the_group_retry_later_by_the_database_clock(handler_mode):
+    publish_many("audit", [{"n": i} for i in range(3)])
+    result = claim()
+    handler_mode("raise")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.RETRYING
+
+    group = OutboxGroup.objects.get(pk=result.group_id)
+    assert group.state == GroupState.RETRYING and group.attempt == 1
+    assert "RuntimeError: handler exploded" in group.last_error
+    assert OutboxGroup.objects.filter(pk=group.pk, next_attempt_at__gt=Now()).exists()
+    assert OutboxEvent.objects.filter(group_id=result.group_id).count() == 3
+    assert not ArchivedEvent.objects.exists()
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": AUDIT}})
+def test_the_last_failed_attempt_dead_letters_the_rows(handler_mode):
+    publish_many("audit", [{"n": i} for i in range(4)])
+    result = claim()
+    handler_mode("raise")
+
+    outcomes = []
+    for _ in range(3):
+        outcomes.append(process_group("audit", result.group_id))
+        make_due(result.group_id)
+
+    assert outcomes == [ProcessOutcome.RETRYING, ProcessOutcome.RETRYING, ProcessOutcome.EXHAUSTED]
+    assert not OutboxEvent.objects.exists() and not OutboxGroup.objects.exists()
+    archived = ArchivedEvent.objects.all()
+    assert archived.count() == 4
+    assert set(archived.values_list("outcome", "attempts")) == {(Outcome.FAILED, 3)}
+    assert all("handler exploded" in error for error in archived.values_list("error", flat=True))
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": AUDIT}})
+def test_dead_letters_of_a_partial_result_carry_their_own_errors(handler_mode):
+    publish_many("audit", [{"n": i} for i in range(10)])
+    result = claim()
+    handler_mode("fail-odd")
+    for _ in range(3):
+        process_group("audit", result.group_id)
+        make_due(result.group_id)
+
+    failed = ArchivedEvent.objects.filter(outcome=Outcome.FAILED)
+    assert failed.count() == 5
+    assert set(failed.values_list("error", flat=True)) == {"odd id rejected"}
+    assert all(pk % 2 for pk in failed.values_list("event_id", flat=True))
+    assert ArchivedEvent.objects.filter(outcome=Outcome.DONE).count() == 5
+
+
+def test_a_handler_returning_something_else_fails_the_group_with_a_clear_error(handler_mode):
+    publish_many("audit", [{"n": 1}])
+    result = claim()
+    handler_mode("bad-return")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.RETRYING
+    error = OutboxGroup.objects.get(pk=result.group_id).last_error
+    assert "returned str; return None when every row is done or a BatchResult" in error
+    assert OutboxEvent.objects.count() == 1
+
+
+def test_a_duplicate_delivery_of_the_process_job_is_a_no_op():
+    publish_many("audit", [{"n": i} for i in range(3)])
+    result = claim()
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.DONE
+    assert process_group("audit", result.group_id) is ProcessOutcome.SKIPPED
+    assert HandledCall.objects.count() == 1
+    assert ArchivedEvent.objects.count() == 3
+
+
+def test_a_group_that_is_running_elsewhere_is_not_taken_twice():
+    publish_many("audit", [{"n": 1}])
+    result = claim()
+    config = get_stream("audit")
+
+    assert take_lease(config, result.group_id) == 1
+    assert process_group("audit", result.group_id) is ProcessOutcome.SKIPPED
+    assert not HandledCall.objects.exists()
+
+
+def test_a_stale_worker_can_neither_finalize_nor_heartbeat():
+    publish_many("audit", [{"n": i} for i in range(3)])
+    result = claim()
+    config = get_stream("audit")
+    stale = Batch(config, result.group_id, take_lease(config, result.group_id))
+    # The lease expires and the group is rescued and taken by another worker.
+    make_due(result.group_id)
+    fresh = Batch(config, result.group_id, take_lease(config, result.group_id))
+    assert (stale.attempt, fresh.attempt) == (1, 2)
+
+    with pytest.raises(LeaseLost):
+        stale.heartbeat()
+    with pytest.raises(LeaseLost):
+        finalize(stale, None)
+    assert OutboxEvent.objects.filter(group_id=result.group_id).count() == 3
+    assert not ArchivedEvent.objects.exists()
+
+    assert finalize(fresh, None) is ProcessOutcome.DONE
+    assert set(ArchivedEvent.objects.values_list("attempts", flat=True)) == {2}
+
+
+def test_heartbeat_extends_the_lease():
+    publish_many("audit", [{"n": 1}])
+    result = claim()
+    config = get_stream("audit")
+    batch = Batch(config, result.group_id, take_lease(config, result.group_id))
+    OutboxGroup.objects.filter(pk=result.group_id).update(lease_expires_at=Now())
+
+    batch.heartbeat()
+
+    window = Now() + timedelta(seconds=config.lease_seconds - 60)
+    assert OutboxGroup.objects.filter(pk=result.group_id, lease_expires_at__gt=window).exists()
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": {**AUDIT, "TRANSACTIONAL": True}}})
+def test_a_transactional_handler_that_fails_leaves_no_database_effect(handler_mode):
+    publish_many("audit", [{"n": i} for i in range(3)])
+    result = claim()
+    handler_mode("raise")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.RETRYING
+
+    assert not HandledCall.objects.exists(), "the handler's write was rolled back"
+    assert OutboxEvent.objects.filter(group_id=result.group_id).count() == 3
+    assert not ArchivedEvent.objects.exists()
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": {**AUDIT, "TRANSACTIONAL": True}}})
+def test_a_transactional_handler_commits_its_writes_with_the_archive():
+    publish_many("audit", [{"n": i} for i in range(3)])
+    result = claim()
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.DONE
+
+    assert HandledCall.objects.count() == 1
+    assert ArchivedEvent.objects.count() == 3
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": {**AUDIT, "ARCHIVE": False}}})
+def test_without_archive_done_rows_are_deleted_but_dead_letters_are_kept(handler_mode):
+    publish_many("audit", [{"n": i, "fail": i == 0} for i in range(4)])
+    result = claim()
+    handler_mode("fail-marked")
+    for _ in range(3):
+        process_group("audit", result.group_id)
+        make_due(result.group_id)
+
+    assert not OutboxEvent.objects.exists()
+    assert list(ArchivedEvent.objects.values_list("outcome", flat=True)) == [Outcome.FAILED]
+
+
+def test_batch_result_failures_names_rows_with_one_error():
+    assert BatchResult.failures([3, "4"], "boom").failed == {3: "boom", 4: "boom"}
+
+
+def test_processing_costs_the_same_number_of_queries_for_10_or_1000_rows():
+    streams = {"audit": {**AUDIT, "BATCH_SIZE": 1000, "HANDLER": "tests.test_process.noop"}}
+
+    def queries_for(rows: int) -> int:
+        publish_many("audit", [{"n": i} for i in range(rows)])
+        result = claim()
+        with CaptureQueriesContext(connection) as captured:
+            assert process_group("audit", result.group_id) is ProcessOutcome.DONE
+        return len(captured.captured_queries)
+
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        assert queries_for(10) == queries_for(1000)
+
+
+def noop(batch: Batch) -> None:
+    batch.rows()
