@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
-from django.db import connection
 
 from django_outbox import BatchResult, LeaseLost, publish_many, transport
 from django_outbox.claim import claim_group

@@ -63,5 +63,5 @@ def test_an_unknown_stream_fails_at_the_call_and_names_the_known_ones():
 
 
 def test_a_stream_with_its_own_buffer_model_refuses_publish():
-    with pytest.raises(WrongBufferModel, match="create marketing.ContactActivityEvent rows"):
+    with pytest.raises(WrongBufferModel, match=r"create marketing\.ContactActivityEvent rows"):
         publish("marketing", {})
