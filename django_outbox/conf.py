@@ -112,14 +112,6 @@ class OutboxSettings:
         except (KeyError, TypeError):
             raise UnknownStream(name, list(self.streams)) from None
 
-    def stream_for_model(self, model: type) -> StreamConfig | None:
-        """Return the stream bound to a custom buffer model, if any."""
-        label = model._meta.label
-        for stream in self.streams.values():
-            if stream.model == label and label != GENERIC_MODEL:
-                return stream
-        return None
-
 
 @functools.cache
 def outbox_settings() -> OutboxSettings:

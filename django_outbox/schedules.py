@@ -76,7 +76,8 @@ def sync_schedules(*, apply: bool = True) -> list[ScheduleChange]:
             if schedule.name in wanted and schedule.name not in existing:
                 existing[schedule.name] = schedule
                 continue
-            changes.append(ScheduleChange("delete", schedule.name, "not in settings"))
+            reason = "duplicate" if schedule.name in wanted else "not in settings"
+            changes.append(ScheduleChange("delete", schedule.name, reason))
             if apply:
                 schedule.delete()
         for name, spec in wanted.items():

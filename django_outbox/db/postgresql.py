@@ -8,7 +8,9 @@ from collections.abc import Iterable, Mapping
 
 from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
 
-NOW_SQL = "now()"
+#: The clock of every raw statement: the same as Django's ``Now()`` on PostgreSQL, so
+#: timestamps written by the ORM and by our SQL compare consistently inside a transaction.
+NOW_SQL = "statement_timestamp()"
 
 
 class PostgresBufferOps(BufferOps):
@@ -35,7 +37,7 @@ class PostgresBufferOps(BufferOps):
         sql = (
             f"WITH moved AS ({delete} RETURNING {self.table}.*) "
             f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
-            "SELECT %s, moved.id, moved.group_id, to_jsonb(moved), moved.created_at, now(), "
+            f"SELECT %s, moved.id, moved.group_id, to_jsonb(moved), moved.created_at, {NOW_SQL}, "
             "%s, %s, COALESCE(%s::jsonb ->> moved.id::text, %s) FROM moved"
         )
         params = [

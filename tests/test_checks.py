@@ -1,0 +1,627 @@
+"""System checks: every misconfiguration gets its stable id, its exact message and a hint."""
+
+from __future__ import annotations
+
+import io
+from unittest import mock
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection
+from django.db.utils import ConnectionHandler
+from django.test import override_settings
+
+from django_outbox.checks import check_django_q, check_sqlite_transactions
+from tests.testapp.handlers import record
+
+HANDLER = "tests.testapp.handlers.record"
+WHERE = "DJANGO_OUTBOX['STREAMS']['audit']"
+TEST_Q_CLUSTER = settings.Q_CLUSTER
+
+KNOWN_OPTIONS = (
+    "Known options: ARCHIVE, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CLUSTER, "
+    "EVERY_MINUTES, HANDLER, LEASE_SECONDS, MAX_ATTEMPTS, MAX_BATCHES, MODEL, TRANSACTIONAL."
+)
+NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
+TIMEOUT_RETRY_HINT = (
+    "Set Q_CLUSTER['timeout'] below Q_CLUSTER['retry'] so django-q2 never hands a job that "
+    "is still running to a second worker."
+)
+TIMEOUT_LEASE_HINT = (
+    "Raise LEASE_SECONDS to at least the timeout, or lower the timeout: a lease that expires "
+    "while its handler may still run lets a second worker take the group over."
+)
+
+
+def outbox_messages() -> list[tuple[str, str, str]]:
+    """Run every registered check and keep django_outbox's messages, as (id, msg, hint)."""
+    return [
+        (m.id, m.msg, m.hint) for m in run_checks() if m.id and m.id.startswith("django_outbox.")
+    ]
+
+
+def one_stream(**options: object) -> dict:
+    """A DJANGO_OUTBOX setting with one valid ``audit`` stream, plus *options*."""
+    return {"STREAMS": {"audit": {"HANDLER": HANDLER, **options}}}
+
+
+def q_cluster(**options: object) -> dict:
+    """The test Q_CLUSTER with *options* changed."""
+    return {**TEST_Q_CLUSTER, **options}
+
+
+# Valid configurations ------------------------------------------------------------------
+
+
+def test_test_settings_produce_no_outbox_messages():
+    assert outbox_messages() == []
+
+
+def test_minimal_stream_with_only_a_handler_is_valid():
+    with override_settings(DJANGO_OUTBOX=one_stream()):
+        assert outbox_messages() == []
+
+
+def test_project_without_the_setting_gets_no_messages():
+    with override_settings():
+        del settings.DJANGO_OUTBOX
+        assert outbox_messages() == []
+
+
+@pytest.mark.parametrize("name", ["a", "audit-2", "0_x", "a" * 64])
+def test_valid_stream_names_are_accepted(name):
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {name: {"HANDLER": HANDLER}}}):
+        assert outbox_messages() == []
+
+
+def test_generic_model_may_be_shared_by_many_streams():
+    streams = {
+        "audit": {"HANDLER": HANDLER},
+        "billing": {"HANDLER": HANDLER, "MODEL": "django_outbox.OutboxEvent"},
+        "emails": {"HANDLER": HANDLER, "MODEL": "django_outbox.OutboxEvent"},
+    }
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        assert outbox_messages() == []
+
+
+# E00x: the shape of the setting ----------------------------------------------------------
+
+
+def test_setting_that_is_not_a_dict_is_e001():
+    with override_settings(DJANGO_OUTBOX=["audit"]):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E001",
+                "DJANGO_OUTBOX must be a dict, not list.",
+                'Set DJANGO_OUTBOX = {"STREAMS": {...}} in your settings.',
+            )
+        ]
+
+
+def test_unknown_top_level_key_is_e002():
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "STREAM": {}, "BATCH_SIZE": 5}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E002",
+                "DJANGO_OUTBOX has unknown keys: BATCH_SIZE, STREAM.",
+                "Known keys: ARCHIVE_RETENTION_DAYS, STREAMS.",
+            )
+        ]
+
+
+def test_streams_not_a_dict_is_e003():
+    with override_settings(DJANGO_OUTBOX={"STREAMS": ["audit"]}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E003",
+                "DJANGO_OUTBOX['STREAMS'] must be a dict of stream name to options, not list.",
+                'For example {"marketing": {"HANDLER": "crm.outbox.sync"}}.',
+            )
+        ]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("Bad Name", "'Bad Name'"),
+        ("", "''"),
+        ("-audit", "'-audit'"),
+        ("a" * 65, repr("a" * 65)),
+        (7, "7"),
+    ],
+)
+def test_invalid_stream_name_is_e004(name, shown):
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {name: {"HANDLER": HANDLER}}}):
+        assert outbox_messages() == [
+            ("django_outbox.E004", f"Invalid stream name {shown}.", NAME_HINT)
+        ]
+
+
+def test_stream_options_not_a_dict_is_e005():
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": HANDLER}}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E005",
+                f"{WHERE} must be a dict of options, not str.",
+                'For example {"HANDLER": "crm.outbox.sync", "BATCH_SIZE": 1000}.',
+            )
+        ]
+
+
+def test_unknown_stream_option_is_e006():
+    with override_settings(DJANGO_OUTBOX=one_stream(BATCHSIZE=10, handler="x")):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E006",
+                f"{WHERE} has unknown options: BATCHSIZE, handler.",
+                KNOWN_OPTIONS,
+            )
+        ]
+
+
+# E01x: handlers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"HANDLER": ""}, {"HANDLER": None}])
+def test_missing_handler_is_e010(options):
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": options}}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E010",
+                f"{WHERE} has no HANDLER.",
+                "Set HANDLER to the dotted path of a callable that takes a Batch, for example "
+                "'crm.outbox.sync_activities'.",
+            )
+        ]
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("tests.testapp.nope.record", "No module named 'tests.testapp.nope'"),
+        (
+            "tests.testapp.handlers.missing",
+            'Module "tests.testapp.handlers" does not define a "missing" attribute/class',
+        ),
+        ("record", "record doesn't look like a module path"),
+    ],
+)
+def test_handler_that_cannot_be_imported_is_e011(path, reason):
+    with override_settings(DJANGO_OUTBOX=one_stream(HANDLER=path)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E011",
+                f"{WHERE}['HANDLER'] {path!r} cannot be imported: {reason}",
+                "Check the dotted path and that its module imports without errors.",
+            )
+        ]
+
+
+@pytest.mark.parametrize("handler", ["django_outbox.conf.SETTING_NAME", record])
+def test_handler_that_is_not_a_dotted_path_of_a_callable_is_e012(handler):
+    with override_settings(DJANGO_OUTBOX=one_stream(HANDLER=handler)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E012",
+                f"{WHERE}['HANDLER'] must be the dotted path of a callable, not {handler!r}.",
+                "Give a string such as 'crm.outbox.sync_activities'.",
+            )
+        ]
+
+
+# E02x: buffer models -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", ["nope.Missing", "marketing.Missing", "marketing", None])
+def test_model_that_is_not_installed_is_e020(label):
+    with override_settings(DJANGO_OUTBOX=one_stream(MODEL=label)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E020",
+                f"{WHERE}['MODEL'] {label!r} is not an installed model.",
+                "Give 'app_label.ModelName' of a BufferEvent subclass in an installed app.",
+            )
+        ]
+
+
+@pytest.mark.parametrize("label", ["auth.User", "marketing.ContactActivity"])
+def test_model_that_is_not_a_buffer_model_is_e021(label):
+    with override_settings(DJANGO_OUTBOX=one_stream(MODEL=label)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E021",
+                f"{WHERE}['MODEL'] {label!r} is not a buffer model.",
+                "Subclass django_outbox.models.BufferEvent, which carries the group_id column "
+                "and the two buffer indexes.",
+            )
+        ]
+
+
+def test_custom_model_bound_to_two_streams_is_e022():
+    streams = {
+        "marketing": {"HANDLER": HANDLER, "MODEL": "marketing.ContactActivityEvent"},
+        "audit": {"HANDLER": HANDLER},
+        "marketing-copy": {"HANDLER": HANDLER, "MODEL": "marketing.contactactivityevent"},
+    }
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E022",
+                "marketing.ContactActivityEvent is bound to two streams: 'marketing' and "
+                "'marketing-copy'.",
+                "A custom buffer model belongs to one stream; give the other stream its own "
+                "model or use the generic django_outbox.OutboxEvent.",
+            )
+        ]
+
+
+# E03x: option values -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1, "10", 1.5, True, None])
+def test_batch_size_that_is_not_a_positive_integer_is_e030(value):
+    with override_settings(DJANGO_OUTBOX=one_stream(BATCH_SIZE=value)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E030",
+                f"{WHERE}['BATCH_SIZE'] must be a positive integer, not {value!r}.",
+                "Remove it to use the default (1000) or give a whole number greater than 0.",
+            )
+        ]
+
+
+@pytest.mark.parametrize(
+    ("option", "default"),
+    [
+        ("MAX_BATCHES", 50),
+        ("EVERY_MINUTES", 1),
+        ("MAX_ATTEMPTS", 8),
+        ("BACKOFF_SECONDS", 10),
+        ("BACKOFF_MAX_SECONDS", 3600),
+        ("LEASE_SECONDS", 300),
+    ],
+)
+def test_every_count_option_must_be_a_positive_integer_e030(option, default):
+    with override_settings(DJANGO_OUTBOX=one_stream(**{option: 0})):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E030",
+                f"{WHERE}['{option}'] must be a positive integer, not 0.",
+                f"Remove it to use the default ({default}) or give a whole number greater than 0.",
+            )
+        ]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "default"),
+    [("ARCHIVE", "yes", True), ("ARCHIVE", 1, True), ("TRANSACTIONAL", "false", False)],
+)
+def test_flag_that_is_not_a_bool_is_e031(option, value, default):
+    with override_settings(DJANGO_OUTBOX=one_stream(**{option: value})):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E031",
+                f"{WHERE}['{option}'] must be True or False, not {value!r}.",
+                f"Remove it to use the default ({default}).",
+            )
+        ]
+
+
+@pytest.mark.parametrize("value", [5, "", ["fast"]])
+def test_cluster_that_is_not_a_name_or_none_is_e032(value):
+    with override_settings(DJANGO_OUTBOX=one_stream(CLUSTER=value)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E032",
+                f"{WHERE}['CLUSTER'] must be a django-q2 cluster name or None, not {value!r}.",
+                "Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
+            )
+        ]
+
+
+def test_backoff_cap_below_its_base_is_e033():
+    with override_settings(DJANGO_OUTBOX=one_stream(BACKOFF_SECONDS=10, BACKOFF_MAX_SECONDS=5)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E033",
+                f"{WHERE}['BACKOFF_MAX_SECONDS'] (5) is below BACKOFF_SECONDS (10).",
+                "The cap of the backoff must be at least its base.",
+            )
+        ]
+
+
+def test_backoff_base_above_the_default_cap_is_e033():
+    with override_settings(DJANGO_OUTBOX=one_stream(BACKOFF_SECONDS=7200)):
+        assert [m[:2] for m in outbox_messages()] == [
+            (
+                "django_outbox.E033",
+                f"{WHERE}['BACKOFF_MAX_SECONDS'] (3600) is below BACKOFF_SECONDS (7200).",
+            )
+        ]
+
+
+def test_backoff_cap_equal_to_its_base_is_valid():
+    with override_settings(DJANGO_OUTBOX=one_stream(BACKOFF_SECONDS=10, BACKOFF_MAX_SECONDS=10)):
+        assert outbox_messages() == []
+
+
+@pytest.mark.parametrize("value", [0, -3, "30", None])
+def test_archive_retention_that_is_not_a_positive_integer_is_e034(value):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "ARCHIVE_RETENTION_DAYS": value}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E034",
+                f"DJANGO_OUTBOX['ARCHIVE_RETENTION_DAYS'] must be a positive integer, "
+                f"not {value!r}.",
+                "Give the number of days archived rows are kept, for example 30.",
+            )
+        ]
+
+
+def test_every_problem_of_a_stream_is_reported_at_once():
+    options = {"HANDLER": "tests.testapp.handlers.missing", "BATCH_SIZE": 0, "ARCHIVE": "no"}
+    streams = {"Bad Name": options, "audit": {"HANDLER": HANDLER}}
+    where = "DJANGO_OUTBOX['STREAMS']['Bad Name']"
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        assert [(m[0], m[1]) for m in outbox_messages()] == [
+            ("django_outbox.E004", "Invalid stream name 'Bad Name'."),
+            (
+                "django_outbox.E011",
+                f"{where}['HANDLER'] 'tests.testapp.handlers.missing' cannot be imported: "
+                'Module "tests.testapp.handlers" does not define a "missing" attribute/class',
+            ),
+            ("django_outbox.E030", f"{where}['BATCH_SIZE'] must be a positive integer, not 0."),
+            ("django_outbox.E031", f"{where}['ARCHIVE'] must be True or False, not 'no'."),
+        ]
+
+
+# E04x and W002: the django-q2 cluster ----------------------------------------------------
+
+
+def test_django_q_missing_from_installed_apps_is_e040():
+    without_q = [app for app in settings.INSTALLED_APPS if app != "django_q"]
+    with override_settings(INSTALLED_APPS=without_q):
+        messages = check_django_q()
+    assert [(m.id, m.msg, m.hint) for m in messages] == [
+        (
+            "django_outbox.E040",
+            "django_q is not in INSTALLED_APPS.",
+            "django_outbox runs its jobs on django-q2: add 'django_q' to INSTALLED_APPS.",
+        )
+    ]
+
+
+def test_django_q_installed_gives_no_e040():
+    assert check_django_q() == []
+
+
+@pytest.mark.parametrize(
+    ("cluster", "shown"),
+    [
+        ({"timeout": 90, "retry": 90}, "timeout=90, which is not below retry=90"),
+        ({"timeout": 120, "retry": 90}, "timeout=120, which is not below retry=90"),
+        ({"timeout": None}, "timeout=None, which is not below retry=90"),
+    ],
+)
+def test_cluster_timeout_not_below_retry_is_e041(cluster, shown):
+    with (
+        override_settings(Q_CLUSTER=q_cluster(**cluster)),
+        override_settings(DJANGO_OUTBOX=one_stream()),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E041",
+                f"The django-q2 Q_CLUSTER used by stream 'audit' has {shown}.",
+                TIMEOUT_RETRY_HINT,
+            )
+        ]
+
+
+def test_cluster_without_retry_is_compared_with_django_q_default_of_60():
+    cluster = {k: v for k, v in TEST_Q_CLUSTER.items() if k != "retry"}
+    with override_settings(Q_CLUSTER=cluster, DJANGO_OUTBOX=one_stream()):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E041",
+                "The django-q2 Q_CLUSTER used by stream 'audit' has timeout=60, "
+                "which is not below retry=60.",
+                TIMEOUT_RETRY_HINT,
+            )
+        ]
+
+
+def test_cluster_timeout_longer_than_the_lease_is_e042():
+    with override_settings(
+        Q_CLUSTER=q_cluster(timeout=200, retry=300),
+        DJANGO_OUTBOX=one_stream(LEASE_SECONDS=120),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E042",
+                "The django-q2 Q_CLUSTER used by stream 'audit' has timeout=200, longer than "
+                "the stream's LEASE_SECONDS=120.",
+                TIMEOUT_LEASE_HINT,
+            )
+        ]
+
+
+def test_cluster_timeout_equal_to_the_lease_is_valid():
+    with override_settings(
+        Q_CLUSTER=q_cluster(timeout=120, retry=300),
+        DJANGO_OUTBOX=one_stream(LEASE_SECONDS=120),
+    ):
+        assert outbox_messages() == []
+
+
+def test_e041_and_e042_are_reported_for_each_stream_on_the_cluster():
+    streams = {"audit": {"HANDLER": HANDLER, "LEASE_SECONDS": 100}, "b": {"HANDLER": HANDLER}}
+    with override_settings(
+        Q_CLUSTER=q_cluster(timeout=200, retry=100), DJANGO_OUTBOX={"STREAMS": streams}
+    ):
+        assert [m[:2] for m in outbox_messages()] == [
+            (
+                "django_outbox.E041",
+                "The django-q2 Q_CLUSTER used by stream 'audit' has timeout=200, "
+                "which is not below retry=100.",
+            ),
+            (
+                "django_outbox.E042",
+                "The django-q2 Q_CLUSTER used by stream 'audit' has timeout=200, longer than "
+                "the stream's LEASE_SECONDS=100.",
+            ),
+            (
+                "django_outbox.E041",
+                "The django-q2 Q_CLUSTER used by stream 'b' has timeout=200, "
+                "which is not below retry=100.",
+            ),
+        ]
+
+
+def test_stream_cluster_missing_from_alt_clusters_is_w002():
+    with override_settings(
+        Q_CLUSTER=q_cluster(ALT_CLUSTERS={"slow": {"timeout": 30}}),
+        DJANGO_OUTBOX=one_stream(CLUSTER="fast"),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.W002",
+                f"{WHERE}['CLUSTER'] names 'fast', which Q_CLUSTER['ALT_CLUSTERS'] does not "
+                "define.",
+                "Add it to Q_CLUSTER['ALT_CLUSTERS'] and run a qcluster with "
+                "Q_CLUSTER_NAME=fast, or remove CLUSTER.",
+            )
+        ]
+
+
+def test_stream_cluster_naming_the_main_cluster_is_valid():
+    with override_settings(DJANGO_OUTBOX=one_stream(CLUSTER=TEST_Q_CLUSTER["name"])):
+        assert outbox_messages() == []
+
+
+def test_alt_cluster_with_valid_options_is_valid_even_if_the_main_cluster_is_not():
+    alt = {"fast": {"timeout": 30, "retry": 60}}
+    streams = {"audit": {"HANDLER": HANDLER, "CLUSTER": "fast", "LEASE_SECONDS": 30}}
+    with override_settings(
+        Q_CLUSTER=q_cluster(timeout=600, retry=900, ALT_CLUSTERS=alt),
+        DJANGO_OUTBOX={"STREAMS": streams},
+    ):
+        assert outbox_messages() == []
+
+
+def test_alt_cluster_timeout_is_used_for_e041():
+    with override_settings(
+        Q_CLUSTER=q_cluster(ALT_CLUSTERS={"slow": {"timeout": 100}}),
+        DJANGO_OUTBOX=one_stream(CLUSTER="slow"),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E041",
+                "The django-q2 cluster 'slow' used by stream 'audit' has timeout=100, "
+                "which is not below retry=90.",
+                TIMEOUT_RETRY_HINT,
+            )
+        ]
+
+
+def test_alt_cluster_timeout_is_used_for_e042():
+    with override_settings(
+        Q_CLUSTER=q_cluster(ALT_CLUSTERS={"slow": {"timeout": 600, "retry": 900}}),
+        DJANGO_OUTBOX=one_stream(CLUSTER="slow", LEASE_SECONDS=120),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E042",
+                "The django-q2 cluster 'slow' used by stream 'audit' has timeout=600, longer "
+                "than the stream's LEASE_SECONDS=120.",
+                TIMEOUT_LEASE_HINT,
+            )
+        ]
+
+
+# W001: SQLite transactions ---------------------------------------------------------------
+
+
+def w001(alias: str) -> tuple[str, str, str]:
+    return (
+        "django_outbox.W001",
+        f"SQLite database {alias!r} does not use IMMEDIATE transactions.",
+        f'Set DATABASES[{alias!r}]["OPTIONS"]["transaction_mode"] = "IMMEDIATE" so concurrent '
+        "workers claim groups one at a time instead of failing with 'database is locked'.",
+    )
+
+
+@pytest.mark.parametrize("mode", ["DEFERRED", "EXCLUSIVE", None])
+def test_default_database_without_immediate_transactions(mode):
+    """W001 for the test database when it is SQLite; never for PostgreSQL."""
+    with mock.patch.dict(connection.settings_dict["OPTIONS"], {"transaction_mode": mode}):
+        messages = [(m.id, m.msg, m.hint) for m in check_sqlite_transactions()]
+    if connection.vendor == "sqlite":
+        assert messages == [w001("default")]
+    else:
+        assert messages == []
+
+
+def test_default_database_without_any_transaction_mode():
+    """A SQLite database that leaves transaction_mode out gets W001 too."""
+    options = connection.settings_dict["OPTIONS"]
+    with mock.patch.dict(options):
+        options.pop("transaction_mode", None)
+        messages = [(m.id, m.msg, m.hint) for m in check_sqlite_transactions()]
+    assert messages == ([w001("default")] if connection.vendor == "sqlite" else [])
+
+
+@pytest.mark.parametrize("mode", ["IMMEDIATE", "immediate"])
+def test_default_database_with_immediate_transactions_has_no_w001(mode):
+    with mock.patch.dict(connection.settings_dict["OPTIONS"], {"transaction_mode": mode}):
+        assert check_sqlite_transactions() == []
+
+
+def test_w001_names_each_sqlite_alias_without_immediate_and_skips_other_vendors():
+    """Whatever the test database, a project with several databases is checked alias by alias."""
+    handler = ConnectionHandler(
+        {
+            "default": {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": ":memory:",
+                "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+            },
+            "reports": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+            "warehouse": {"ENGINE": "django.db.backends.postgresql", "NAME": "warehouse"},
+        }
+    )
+    with mock.patch("django_outbox.checks.connections", handler):
+        messages = [(m.id, m.msg, m.hint) for m in check_sqlite_transactions()]
+    assert messages == [w001("reports")]
+
+
+# Through manage.py check -----------------------------------------------------------------
+
+
+def test_check_command_fails_on_an_outbox_error():
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": {}}}):
+        with pytest.raises(SystemCheckError) as excinfo:
+            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+    assert "?: (django_outbox.E010) DJANGO_OUTBOX['STREAMS']['audit'] has no HANDLER." in str(
+        excinfo.value
+    )
+
+
+def test_check_command_prints_an_outbox_warning_without_failing():
+    out, err = io.StringIO(), io.StringIO()
+    with override_settings(DJANGO_OUTBOX=one_stream(CLUSTER="fast")):
+        call_command("check", stdout=out, stderr=err)
+    err = err.getvalue()
+    assert "WARNINGS:" in err
+    assert (
+        "?: (django_outbox.W002) DJANGO_OUTBOX['STREAMS']['audit']['CLUSTER'] names 'fast', "
+        "which Q_CLUSTER['ALT_CLUSTERS'] does not define." in err
+    )
+
+
+def test_check_command_passes_with_the_test_settings():
+    out, err = io.StringIO(), io.StringIO()
+    call_command("check", stdout=out, stderr=err)
+    assert "django_outbox" not in out.getvalue() + err.getvalue()

@@ -1,0 +1,419 @@
+"""Management commands: outbox_status, outbox_run and outbox_schedules, as an operator uses them."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+from django_q.models import Schedule
+
+from django_outbox import publish_many
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
+from django_outbox.streams import set_paused
+from tests.testapp.models import HandledCall
+
+pytestmark = pytest.mark.django_db
+
+STREAMS_HINT = "Configured streams: audit, marketing."
+
+
+def run(command: str, *args: str) -> str:
+    """Call a management command and return what it printed."""
+    out = io.StringIO()
+    call_command(command, *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def outbox_settings_with(stream: str, **options: object) -> dict:
+    """The test DJANGO_OUTBOX setting with *options* changed on *stream*."""
+    streams = {name: dict(opts) for name, opts in settings.DJANGO_OUTBOX["STREAMS"].items()}
+    streams[stream].update(options)
+    return {**settings.DJANGO_OUTBOX, "STREAMS": streams}
+
+
+# outbox_status ---------------------------------------------------------------------------
+
+
+def status_rows(output: str) -> dict[str, list[str]]:
+    """Parse the status table into {stream: [columns after the name]}."""
+    lines = output.splitlines()
+    assert lines[0].split() == [
+        "stream", "state", "backlog", "lag", "claimed", "running", "retrying",
+        "done", "1h", "failed", "1h",
+    ]  # fmt: skip
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def test_status_shows_every_configured_stream_with_its_backlog():
+    publish_many("audit", [{"n": i} for i in range(1234)])
+
+    rows = status_rows(run("outbox_status"))
+
+    assert list(rows) == ["marketing", "audit"]
+    assert rows["marketing"] == ["active", "0", "-", "0", "0", "0", "0", "0"]
+    state, backlog, lag, *counts = rows["audit"]
+    assert (state, backlog, counts) == ("active", "1,234", ["0", "0", "0", "0", "0"])
+    assert lag.endswith("s")  # seconds since the oldest unclaimed row; its sign: see below
+
+
+def test_status_shows_paused_streams_and_archived_counts(inline, handler_mode):
+    publish_many("audit", [{"n": i} for i in range(15)])
+    inline.distribute("audit")
+    handler_mode("raise")
+    publish_many("audit", [{"n": i} for i in range(4)])
+    inline.distribute("audit")
+    set_paused("audit", True)
+
+    rows = status_rows(run("outbox_status", "audit"))
+
+    assert list(rows) == ["audit"]
+    assert rows["audit"] == ["paused", "0", "-", "0", "0", "1", "15", "0"]
+
+
+def test_status_json_is_machine_readable():
+    publish_many("audit", [{"n": i} for i in range(3)])
+    set_paused("marketing", True)
+
+    data = json.loads(run("outbox_status", "--json"))
+
+    assert [s["stream"] for s in data] == ["marketing", "audit"]
+    audit = data[1]
+    oldest = OutboxEvent.objects.order_by("id").values_list("created_at", flat=True).first()
+    assert audit["oldest_unclaimed_at"] == oldest.isoformat()
+    assert isinstance(audit.pop("lag_seconds"), float)
+    assert audit == {
+        "stream": "audit",
+        "paused": False,
+        "batch_size": 10,
+        "backlog": 3,
+        "backlog_capped": False,
+        "oldest_unclaimed_at": oldest.isoformat(),
+        "groups_claimed": 0,
+        "groups_running": 0,
+        "groups_retrying": 0,
+        "archived_last_hour": 0,
+        "failed_last_hour": 0,
+        "claims_in_flight": 0,
+    }
+    assert data[0]["paused"] is True
+    assert data[0]["backlog"] == 0
+    assert data[0]["lag_seconds"] is None
+    assert data[0]["oldest_unclaimed_at"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_lag_counts_seconds_since_the_oldest_unclaimed_row():
+    """In autocommit, as the command runs in production."""
+    publish_many("audit", [{"n": 1}])
+
+    (audit,) = json.loads(run("outbox_status", "audit", "--json"))
+    rows = status_rows(run("outbox_status", "audit"))
+
+    assert 0 <= audit["lag_seconds"] < 60
+    assert re.fullmatch(r"\d+s", rows["audit"][2])
+
+
+def test_status_lag_is_never_negative_inside_a_transaction():
+    publish_many("audit", [{"n": 1}])
+
+    (audit,) = json.loads(run("outbox_status", "audit", "--json"))
+    rows = status_rows(run("outbox_status", "audit"))
+
+    assert audit["lag_seconds"] >= 0
+    assert re.fullmatch(r"\d+s", rows["audit"][2])
+
+
+def test_status_of_selected_streams_only():
+    data = json.loads(run("outbox_status", "audit", "--json"))
+
+    assert [s["stream"] for s in data] == ["audit"]
+
+
+def test_status_of_unknown_stream_names_the_configured_ones():
+    with pytest.raises(CommandError) as excinfo:
+        run("outbox_status", "audit", "nope")
+
+    assert str(excinfo.value) == f"Unknown outbox stream 'nope'. {STREAMS_HINT}"
+
+
+# outbox_run ------------------------------------------------------------------------------
+
+
+def test_run_one_round_processes_the_backlog_and_reports_it():
+    publish_many("audit", [{"n": i} for i in range(25)])
+
+    output = run("outbox_run")
+
+    # Distribute starts 3 claims (25 rows, batches of 10); the 2 full ones each chain one
+    # more claim, which finds nothing left.
+    assert output == (
+        "Claimed 25 rows in 5 claim jobs; processed 3 groups (done 3); "
+        "1 round(s), stopped: one round.\n"
+    )
+    assert OutboxEvent.objects.count() == 0
+    assert OutboxGroup.objects.count() == 0
+    assert ArchivedEvent.objects.filter(stream="audit", outcome=Outcome.DONE).count() == 25
+    assert sorted(len(c.event_ids) for c in HandledCall.objects.all()) == [5, 10, 10]
+
+
+def test_run_with_nothing_to_do():
+    assert run("outbox_run") == (
+        "Claimed 0 rows in 0 claim jobs; processed 0 groups (none); "
+        "1 round(s), stopped: one round.\n"
+    )
+
+
+def test_run_selected_stream_leaves_the_others_alone():
+    publish_many("audit", [{"n": 1}])
+
+    output = run("outbox_run", "marketing")
+
+    assert output.startswith("Claimed 0 rows in 0 claim jobs; processed 0 groups (none);")
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 1
+
+
+def test_run_unknown_stream_is_a_command_error():
+    with pytest.raises(CommandError) as excinfo:
+        run("outbox_run", "nope")
+
+    assert str(excinfo.value) == f"Unknown outbox stream 'nope'. {STREAMS_HINT}"
+    assert OutboxGroup.objects.count() == 0
+
+
+def test_run_until_empty_drains_a_backlog():
+    publish_many("audit", [{"n": i} for i in range(95)])
+
+    output = run("outbox_run", "audit", "--until-empty")
+
+    # 10 claims take the 95 rows; the 9 full ones each chain a claim that finds nothing.
+    assert output == (
+        "Claimed 95 rows in 19 claim jobs; processed 10 groups (done 10); "
+        "1 round(s), stopped: empty.\n"
+    )
+    assert OutboxEvent.objects.count() == 0
+    archived = ArchivedEvent.objects.filter(stream="audit")
+    assert archived.count() == 95
+    assert set(archived.values_list("outcome", flat=True)) == {Outcome.DONE}
+    assert sorted(p["n"] for p in archived.values_list("data__payload", flat=True)) == list(
+        range(95)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_until_empty_dead_letters_rows_whose_handler_keeps_failing(handler_mode):
+    """MAX_ATTEMPTS=3, BACKOFF_SECONDS=1: waits about 3 s of real backoff, in autocommit."""
+    handler_mode("raise")
+    publish_many("audit", [{"n": i} for i in range(5)])
+
+    output = run("outbox_run", "audit", "--until-empty")
+
+    assert re.fullmatch(
+        r"Claimed 5 rows in 1 claim jobs; processed 3 groups \(exhausted 1, retrying 2\); "
+        r"\d+ round\(s\), stopped: empty\.\n",
+        output,
+    ), output
+    assert OutboxEvent.objects.count() == 0
+    assert OutboxGroup.objects.count() == 0
+    archived = list(ArchivedEvent.objects.filter(stream="audit"))
+    assert len(archived) == 5
+    assert {(a.outcome, a.attempts) for a in archived} == {(Outcome.FAILED, 3)}
+    assert all("RuntimeError: handler exploded" in a.error for a in archived)
+    assert [c.attempt for c in HandledCall.objects.order_by("id")] == [1, 2, 3]
+
+
+def test_run_until_empty_gives_up_when_retries_are_not_due_within_max_wait(handler_mode):
+    handler_mode("raise")
+    publish_many("audit", [{"n": 1}])
+    out = io.StringIO()
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("outbox_run", "audit", "--until-empty", "--max-wait", "0", stdout=out)
+
+    assert str(excinfo.value) == "Rows are left: retries were not due within --max-wait."
+    assert out.getvalue().startswith(
+        "Claimed 1 rows in 1 claim jobs; processed 1 groups (retrying 1); 1 round(s), "
+        "stopped: timeout."
+    )
+    assert OutboxGroup.objects.get().attempt == 1
+
+
+def test_run_until_empty_on_a_paused_stream_is_a_command_error():
+    publish_many("audit", [{"n": i} for i in range(3)])
+    set_paused("audit", True)
+    out = io.StringIO()
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("outbox_run", "--until-empty", stdout=out)
+
+    assert str(excinfo.value) == "Rows are left: a stream is paused."
+    assert out.getvalue() == (
+        "Claimed 0 rows in 0 claim jobs; processed 0 groups (none); 1 round(s), stopped: paused.\n"
+    )
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 3
+    assert not HandledCall.objects.exists()
+
+
+# outbox_schedules ------------------------------------------------------------------------
+
+
+def schedules() -> dict[str, tuple]:
+    """The django-q2 schedules, by name, as the fields the sync manages."""
+    return {
+        s.name: (s.func, s.args, s.kwargs, s.schedule_type, s.minutes, s.repeats, s.cluster)
+        for s in Schedule.objects.order_by("name")
+    }
+
+
+def distribute_schedule(stream: str, minutes: int = 1, cluster: str | None = None) -> tuple:
+    return (
+        "django_outbox.tasks.distribute",
+        f"('{stream}',)",
+        None,
+        Schedule.MINUTES,
+        minutes,
+        -1,
+        cluster,
+    )
+
+
+def test_schedules_creates_one_distribute_schedule_per_stream():
+    output = run("outbox_schedules")
+
+    assert output == (
+        "create django_outbox:distribute:marketing (every 1 min)\n"
+        "create django_outbox:distribute:audit (every 1 min)\n"
+    )
+    assert schedules() == {
+        "django_outbox:distribute:audit": distribute_schedule("audit"),
+        "django_outbox:distribute:marketing": distribute_schedule("marketing"),
+    }
+
+
+def test_schedules_twice_changes_nothing():
+    run("outbox_schedules")
+    before = list(Schedule.objects.order_by("pk").values())
+
+    output = run("outbox_schedules")
+
+    assert output == "Schedules are in sync.\n"
+    assert list(Schedule.objects.order_by("pk").values()) == before
+
+
+def test_schedules_follow_every_minutes_and_cluster_from_the_settings():
+    run("outbox_schedules")
+    pks = dict(Schedule.objects.values_list("name", "pk"))
+    alt = {**settings.Q_CLUSTER, "ALT_CLUSTERS": {"slow": {}}}
+
+    with override_settings(
+        Q_CLUSTER=alt,
+        DJANGO_OUTBOX=outbox_settings_with("audit", EVERY_MINUTES=5, CLUSTER="slow"),
+    ):
+        output = run("outbox_schedules")
+
+    assert output == (
+        "update django_outbox:distribute:audit (minutes: 1 -> 5, cluster: None -> 'slow')\n"
+    )
+    assert schedules() == {
+        "django_outbox:distribute:audit": distribute_schedule("audit", 5, "slow"),
+        "django_outbox:distribute:marketing": distribute_schedule("marketing"),
+    }
+    assert dict(Schedule.objects.values_list("name", "pk")) == pks
+
+
+def test_schedules_repair_a_schedule_edited_by_hand():
+    run("outbox_schedules")
+    Schedule.objects.filter(name="django_outbox:distribute:audit").update(
+        func="elsewhere.task", args="('marketing',)", repeats=0
+    )
+
+    output = run("outbox_schedules")
+
+    assert output == (
+        "update django_outbox:distribute:audit (func: 'elsewhere.task' -> "
+        "'django_outbox.tasks.distribute', args: \"('marketing',)\" -> \"('audit',)\", "
+        "repeats: 0 -> -1)\n"
+    )
+    assert schedules()["django_outbox:distribute:audit"] == distribute_schedule("audit")
+
+
+def test_schedules_delete_outbox_schedules_no_longer_configured_and_keep_the_users_own():
+    run("outbox_schedules")
+    own = Schedule.objects.create(
+        name="nightly-report", func="reports.tasks.nightly", schedule_type=Schedule.DAILY
+    )
+    unnamed = Schedule.objects.create(func="reports.tasks.hourly", schedule_type=Schedule.HOURLY)
+    Schedule.objects.create(
+        name="django_outbox:distribute:legacy",
+        func="django_outbox.tasks.distribute",
+        args="('legacy',)",
+        schedule_type=Schedule.MINUTES,
+        minutes=1,
+    )
+    only_audit = {"STREAMS": {"audit": settings.DJANGO_OUTBOX["STREAMS"]["audit"]}}
+
+    with override_settings(DJANGO_OUTBOX=only_audit):
+        output = run("outbox_schedules")
+
+    assert output == (
+        "delete django_outbox:distribute:marketing (not in settings)\n"
+        "delete django_outbox:distribute:legacy (not in settings)\n"
+    )
+    assert set(Schedule.objects.values_list("pk", flat=True)) == {
+        Schedule.objects.get(name="django_outbox:distribute:audit").pk,
+        own.pk,
+        unnamed.pk,
+    }
+    own.refresh_from_db()
+    assert (own.func, own.schedule_type) == ("reports.tasks.nightly", Schedule.DAILY)
+
+
+def test_schedules_remove_a_duplicate_of_a_configured_schedule():
+    run("outbox_schedules")
+    first = Schedule.objects.get(name="django_outbox:distribute:audit")
+    Schedule.objects.create(name=first.name, func=first.func, args=first.args)
+
+    output = run("outbox_schedules")
+
+    assert output.startswith("delete django_outbox:distribute:audit")
+    assert len(output.splitlines()) == 1
+    assert list(Schedule.objects.filter(name=first.name).values_list("pk", flat=True)) == [first.pk]
+
+
+def test_schedules_check_reports_drift_changes_nothing_and_exits_1():
+    own = Schedule.objects.create(name="nightly-report", func="reports.tasks.nightly")
+    out, err = io.StringIO(), io.StringIO()
+
+    with pytest.raises(SystemExit) as excinfo:
+        call_command("outbox_schedules", "--check", stdout=out, stderr=err)
+
+    assert excinfo.value.code == 1
+    assert out.getvalue() == (
+        "would create django_outbox:distribute:marketing (every 1 min)\n"
+        "would create django_outbox:distribute:audit (every 1 min)\n"
+    )
+    assert err.getvalue() == "2 schedule(s) drifted from the settings.\n"
+    assert list(Schedule.objects.values_list("pk", flat=True)) == [own.pk]
+
+
+def test_schedules_check_reports_an_update_without_making_it():
+    run("outbox_schedules")
+    with override_settings(DJANGO_OUTBOX=outbox_settings_with("marketing", EVERY_MINUTES=2)):
+        out = io.StringIO()
+        with pytest.raises(SystemExit) as excinfo:
+            call_command("outbox_schedules", "--check", stdout=out, stderr=io.StringIO())
+
+    assert excinfo.value.code == 1
+    assert out.getvalue() == ("would update django_outbox:distribute:marketing (minutes: 1 -> 2)\n")
+    assert schedules()["django_outbox:distribute:marketing"] == distribute_schedule("marketing")
+
+
+def test_schedules_check_exits_normally_when_in_sync():
+    run("outbox_schedules")
+
+    assert run("outbox_schedules", "--check") == "Schedules are in sync.\n"
