@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Order(models.Model):
+    """An application row, to measure what publishing adds to a transaction."""
+
+    customer = models.CharField(max_length=100)
+    amount = models.DecimalField(max_digits=10, decimal_places=2)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"order {self.pk}"
+
+
+class Marker(models.Model):
+    """Written by a ping task: proves a cluster is up and taking jobs."""
+
+    name = models.CharField(max_length=50)
+
+    def __str__(self) -> str:
+        return self.name

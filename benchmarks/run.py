@@ -1,0 +1,469 @@
+"""django_outbox benchmark: side by side with the naive approach and the raw-SQL floor.
+
+Run it with ``python3 dev.py bench`` (PostgreSQL is found or started for you), or with
+``BENCH_DATABASE_URL=postgres://… python -m benchmarks.run``. It prints a table and
+writes JSON (``--json``, default ``artifacts/bench.json``).
+
+A: naive, one django-q2 task per event (ORM broker, 2 workers).
+B: django_outbox end to end: distribute → claim chains → process through a real qcluster
+   (ORM broker, 2 workers), batch 1,000, a handler that reads and serializes every row.
+C: the raw-SQL floor: the same claim/fetch/archive/delete SQL with psycopg, 2 processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django_q.models import OrmQ  # noqa: E402
+from django_q.tasks import async_task  # noqa: E402
+
+from benchmarks import floor  # noqa: E402
+from benchmarks.models import Marker, Order  # noqa: E402
+from django_outbox import publish, publish_many, transport  # noqa: E402
+from django_outbox.claim import claim_group  # noqa: E402
+from django_outbox.models import OutboxEvent, OutboxGroup  # noqa: E402
+from django_outbox.run import run_inline  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+STREAM = "bench"
+TABLES = [
+    "django_outbox_outboxevent",
+    "django_outbox_archivedevent",
+    "django_outbox_outboxgroup",
+    "django_outbox_streamstate",
+    "django_q_ormq",
+    "django_q_task",
+    "benchmarks_order",
+    "benchmarks_marker",
+]
+
+
+def payload(i: int) -> dict[str, Any]:
+    """A realistic small event: what a marketing sync would send for one activity."""
+    return {
+        "activity": i,
+        "type": ("call", "email", "meeting")[i % 3],
+        "email": f"lead{i % 997}@example.com",
+        "comment": f"follow-up #{i}",
+    }
+
+
+# -- database counters --------------------------------------------------------------
+
+
+@dataclass
+class Counters:
+    xacts: int
+    inserted: int
+    updated: int
+    deleted: int
+    wal_lsn: str
+
+    @classmethod
+    def read(cls) -> Counters:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT xact_commit + xact_rollback, tup_inserted, tup_updated, tup_deleted, "
+                "pg_current_wal_lsn()::text FROM pg_stat_database "
+                "WHERE datname = current_database()"
+            )
+            return cls(*cursor.fetchone())
+
+    def per_event(self, later: Counters, events: int) -> dict[str, float]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_wal_lsn_diff(%s, %s)", [later.wal_lsn, self.wal_lsn])
+            wal = float(cursor.fetchone()[0])
+        return {
+            "transactions": round((later.xacts - self.xacts) / events, 4),
+            "rows_written": round(
+                (
+                    later.inserted
+                    - self.inserted
+                    + later.updated
+                    - self.updated
+                    + later.deleted
+                    - self.deleted
+                )
+                / events,
+                3,
+            ),
+            "wal_bytes": round(wal / events, 1),
+        }
+
+
+def settle_stats() -> None:
+    """Let backends flush their statistics (PostgreSQL does it at most once a second)."""
+    time.sleep(1.2)
+
+
+def reset() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY")
+
+
+def vacuum(*tables: str) -> None:
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"VACUUM ANALYZE {table}")
+
+
+# -- a real cluster -----------------------------------------------------------------
+
+
+@contextmanager
+def cluster() -> Iterator[None]:
+    """Run ``qcluster`` (2 workers, ORM broker) and wait until it takes jobs."""
+    log = ROOT / "artifacts" / "bench-qcluster.log"
+    log.parent.mkdir(exist_ok=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "qcluster"],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        name = f"ready-{process.pid}"
+        async_task("benchmarks.tasks.ping", name, save=False)
+        wait_until(lambda: Marker.objects.filter(name=name).exists(), 60, "cluster start")
+        yield
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmark: {what} did not finish within {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def drained() -> bool:
+    return not OutboxEvent.objects.exists() and not OutboxGroup.objects.exists()
+
+
+# -- the contenders -----------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    name: str
+    events: int
+    seconds: float
+    cost: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+
+def run_naive(events: int) -> Result:
+    """A: one django-q2 task per event, enqueued the usual way (async_task)."""
+    reset()
+    publish_many(STREAM, (payload(i) for i in range(events)), batch_size=5000)
+    ids = list(OutboxEvent.objects.values_list("id", flat=True))
+    vacuum("django_outbox_outboxevent")
+    with cluster():
+        before = Counters.read()
+        with transaction.atomic():
+            for pk in ids:
+                async_task("benchmarks.tasks.handle_event", pk)
+        started = time.perf_counter()
+        wait_until(lambda: not OutboxEvent.objects.exists(), 1800, "naive run")
+        seconds = time.perf_counter() - started
+        wait_until(lambda: not OrmQ.objects.exists(), 60, "naive acknowledgements")
+    settle_stats()
+    return Result(
+        "A naive (1 task/event)", events, seconds, before.per_event(Counters.read(), events)
+    )
+
+
+def run_outbox(events: int) -> tuple[Result, dict[str, float]]:
+    """B: publish (one transaction each, then in bulk), then drain through a qcluster."""
+    reset()
+    single = min(events, 5000)
+    started = time.perf_counter()
+    for i in range(single):
+        with transaction.atomic():
+            publish(STREAM, payload(i))
+    single_rate = single / (time.perf_counter() - started)
+    started = time.perf_counter()
+    bulk = publish_many(STREAM, (payload(i) for i in range(single, events)), batch_size=5000)
+    bulk_rate = bulk / (time.perf_counter() - started) if bulk else 0.0
+    vacuum("django_outbox_outboxevent")
+    with cluster():
+        before = Counters.read()
+        started = time.perf_counter()
+        transport.enqueue(transport.DISTRIBUTE, [(STREAM,)])
+        wait_until(drained, 1800, "django_outbox run")
+        seconds = time.perf_counter() - started
+    settle_stats()
+    result = Result("B django_outbox (end to end)", events, seconds)
+    result.cost = before.per_event(Counters.read(), events)
+    publish_rates = {"one_transaction_each_per_s": single_rate, "bulk_per_s": bulk_rate}
+    return result, publish_rates
+
+
+def run_floor(events: int, workers: int = 2) -> Result:
+    """C: the raw-SQL floor with psycopg, *workers* processes."""
+    reset()
+    publish_many(STREAM, (payload(i) for i in range(events)), batch_size=5000)
+    vacuum("django_outbox_outboxevent")
+    settings_dict = connection.settings_dict
+    conninfo = {
+        "dbname": settings_dict["NAME"],
+        "user": settings_dict["USER"] or None,
+        "password": settings_dict["PASSWORD"] or None,
+        "host": settings_dict["HOST"] or None,
+        "port": settings_dict["PORT"] or None,
+    }
+    conninfo = {k: v for k, v in conninfo.items() if v}
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Event(), context.Queue()
+    before = Counters.read()
+    processes = [
+        context.Process(target=floor.work, args=(conninfo, STREAM, 1000, start, results))
+        for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    time.sleep(1.0)  # let the workers connect: the clock covers the SQL work only
+    started = time.perf_counter()
+    start.set()
+    moved = sum(results.get(timeout=1800) for _ in processes)
+    seconds = time.perf_counter() - started
+    for process in processes:
+        process.join()
+    assert moved == events, (moved, events)
+    settle_stats()
+    return Result(
+        "C raw-SQL floor (psycopg)", events, seconds, before.per_event(Counters.read(), events)
+    )
+
+
+# -- publish overhead, claim latency, statements ------------------------------------
+
+
+def publish_overhead(transactions: int) -> dict[str, float]:
+    """Time a transaction saving one row, without and with publishing one event."""
+    reset()
+
+    def plain(i: int) -> None:
+        with transaction.atomic():
+            Order.objects.create(customer=f"c{i}", amount="9.99")
+
+    def with_event(i: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(customer=f"c{i}", amount="9.99")
+            publish(STREAM, {"order": order.pk, "amount": "9.99"})
+
+    timings: dict[str, list[float]] = {"plain": [], "with_event": []}
+    rounds = 10
+    for r in range(rounds):
+        for name, fn in (("plain", plain), ("with_event", with_event)):
+            for i in range(transactions // rounds):
+                started = time.perf_counter()
+                fn(r * transactions + i)
+                timings[name].append(time.perf_counter() - started)
+    plain_ms = statistics.median(timings["plain"]) * 1000
+    event_ms = statistics.median(timings["with_event"]) * 1000
+    return {
+        "transactions": transactions,
+        "plain_median_ms": round(plain_ms, 3),
+        "with_event_median_ms": round(event_ms, 3),
+        "ratio": round(event_ms / plain_ms, 3),
+    }
+
+
+def fill_buffer(rows: int) -> None:
+    reset()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_outbox_outboxevent (created_at, stream, payload) "
+            "SELECT statement_timestamp(), %s, jsonb_build_object('activity', g, 'type', 'call', "
+            "'email', 'lead' || g %% 997 || '@example.com', 'comment', 'follow-up #' || g) "
+            "FROM generate_series(1, %s) AS g",
+            [STREAM, rows],
+        )
+    vacuum("django_outbox_outboxevent")
+
+
+def claim_latency(rows: int, samples: int = 9) -> float:
+    """Median milliseconds of one claim of 1,000 rows from a buffer of *rows* unclaimed rows."""
+    fill_buffer(rows)
+    timings = []
+    with transport.capture():
+        for _ in range(samples):
+            started = time.perf_counter()
+            assert claim_group(STREAM).size == 1000
+            timings.append(time.perf_counter() - started)
+    return statistics.median(timings) * 1000
+
+
+def library_statements(events: int = 10_000) -> float:
+    """SQL statements the library itself runs per event (inline, no queue)."""
+    reset()
+    publish_many(STREAM, (payload(i) for i in range(events)), batch_size=5000)
+    with CaptureQueriesContext(connection) as captured:
+        run_inline([STREAM])
+    assert drained()
+    return len(captured.captured_queries) / events
+
+
+def buffer_health() -> dict[str, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT n_live_tup, n_dead_tup, pg_total_relation_size(relid) "
+            "FROM pg_stat_user_tables WHERE relname = 'django_outbox_outboxevent'"
+        )
+        live, dead, size = cursor.fetchone()
+    return {"live_tuples": live, "dead_tuples": dead, "total_bytes": size}
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=20_000, help="events for B and C")
+    parser.add_argument("--naive-events", type=int, default=2_000, help="events for A")
+    parser.add_argument("--publish-transactions", type=int, default=2_000)
+    parser.add_argument("--scale", type=int, nargs=2, default=[10_000, 1_000_000])
+    parser.add_argument("--json", type=Path, default=ROOT / "artifacts" / "bench.json")
+    parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
+        args.scale = [10_000, 50_000]
+    if connection.vendor != "postgresql":
+        raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
+    call_command("migrate", verbosity=0)
+
+    print(f"django_outbox benchmark on {platform.node()}, {os.cpu_count()} cores", flush=True)
+    naive = run_naive(args.naive_events)
+    print(f"  A done: {naive.rate:,.0f} events/s", flush=True)
+    outbox, publish_rates = run_outbox(args.events)
+    health = buffer_health()
+    print(f"  B done: {outbox.rate:,.0f} events/s", flush=True)
+    floor_result = run_floor(args.events)
+    print(f"  C done: {floor_result.rate:,.0f} events/s", flush=True)
+    overhead = publish_overhead(args.publish_transactions)
+    small, large = (claim_latency(n) for n in args.scale)
+    statements = library_statements(min(args.events, 10_000))
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        server = cursor.fetchone()[0]
+
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "host": platform.node(),
+            "cores": os.cpu_count(),
+            "python": sys.version.split()[0],
+        },
+        "postgresql": server,
+        "throughput": {
+            r.name: {
+                "events": r.events,
+                "seconds": round(r.seconds, 3),
+                "events_per_s": round(r.rate),
+                "per_event": r.cost,
+            }
+            for r in (naive, outbox, floor_result)
+        },
+        "ratios": {
+            "B/A": round(outbox.rate / naive.rate, 1),
+            "B/C": round(outbox.rate / floor_result.rate, 3),
+        },
+        "publish": {k: round(v) for k, v in publish_rates.items()},
+        "publish_overhead": overhead,
+        "claim_latency_ms": {
+            str(args.scale[0]): round(small, 3),
+            str(args.scale[1]): round(large, 3),
+            "ratio": round(large / small, 3),
+        },
+        "library_statements_per_event": round(statements, 4),
+        "buffer_after_run": health,
+        "not_yet_measured": ["staged-job forwarding", "unique-job dispatch"],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    print(f"JSON written to {args.json}")
+    return 0
+
+
+def print_table(report: dict[str, Any]) -> None:
+    rows = report["throughput"]
+    print()
+    columns = ("events", "seconds", "events/s", "xact/ev", "rows/ev", "WAL B/ev")
+    print(f"{'contender':<32} " + " ".join(f"{c:>9}" for c in columns))
+    for name, r in rows.items():
+        c = r["per_event"]
+        print(
+            f"{name:<32} {r['events']:>9,} {r['seconds']:>9.2f} {r['events_per_s']:>9,} "
+            f"{c['transactions']:>9.3f} {c['rows_written']:>9.2f} {c['wal_bytes']:>9,.0f}"
+        )
+    ratios, overhead, latency = (
+        report["ratios"],
+        report["publish_overhead"],
+        report["claim_latency_ms"],
+    )
+    keys = [k for k in latency if k != "ratio"]
+    print()
+    print(f"B/A = {ratios['B/A']}x (target >= 100)   B/C = {ratios['B/C']} (target >= 0.5)")
+    print(
+        f"publish: {report['publish']['one_transaction_each_per_s']:,}/s one transaction each, "
+        f"{report['publish']['bulk_per_s']:,}/s in bulk"
+    )
+    print(
+        f"publish overhead: {overhead['plain_median_ms']} ms -> "
+        f"{overhead['with_event_median_ms']} ms per transaction, "
+        f"ratio {overhead['ratio']} (target <= 1.2)"
+    )
+    print(
+        f"claim latency: {latency[keys[0]]} ms at {int(keys[0]):,} rows, {latency[keys[1]]} ms at "
+        f"{int(keys[1]):,} rows, ratio {latency['ratio']} (target <= 1.5)"
+    )
+    print(f"library statements per event (inline): {report['library_statements_per_event']}")
+    h = report["buffer_after_run"]
+    print(
+        f"buffer after B: {h['live_tuples']} live, {h['dead_tuples']} dead tuples, "
+        f"{h['total_bytes']:,} bytes"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Settings of the benchmark (PostgreSQL only): ``BENCH_DATABASE_URL`` names the database."""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+SECRET_KEY = "django-outbox-benchmark"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django_q", "django_outbox", "benchmarks"]
+# Persistent connections, as in production: django-q2 closes stale ones around each task.
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ["BENCH_DATABASE_URL"], conn_max_age=600, conn_health_checks=True
+    )
+}
+
+Q_CLUSTER = {
+    "name": "bench",
+    "orm": "default",
+    "workers": 2,
+    "timeout": 120,
+    "retry": 180,
+    "poll": 0.05,
+    "catch_up": False,
+    "scheduler": False,
+}
+
+DJANGO_OUTBOX = {
+    "STREAMS": {
+        "bench": {
+            "HANDLER": "benchmarks.tasks.serialize_batch",
+            "BATCH_SIZE": 1000,
+            "MAX_BATCHES": 50,
+            "LEASE_SECONDS": 300,
+        },
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "loggers": {"django-q": {"handlers": ["null"], "propagate": False}},
+}

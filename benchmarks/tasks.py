@@ -1,0 +1,38 @@
+"""The work each contender does per event: read it and serialize what it would send."""
+
+from __future__ import annotations
+
+import json
+
+from django.db import transaction
+
+from benchmarks.models import Marker
+from django_outbox.models import ArchivedEvent, OutboxEvent, Outcome
+from django_outbox.process import Batch
+
+
+def serialize_batch(batch: Batch) -> None:
+    """django_outbox's handler: one bulk request body for the whole group."""
+    rows = batch.rows("id", "payload")
+    body = json.dumps([{"ref": row["id"], **row["payload"]} for row in rows])
+    assert len(rows) and body
+
+
+def handle_event(event_id: int) -> None:
+    """The naive approach: one django-q2 task per event, archived and deleted one by one."""
+    with transaction.atomic():
+        event = OutboxEvent.objects.select_for_update().get(pk=event_id)
+        body = json.dumps([{"ref": event.pk, **event.payload}])
+        assert body
+        ArchivedEvent.objects.create(
+            stream=event.stream,
+            event_id=event.pk,
+            data={"id": event.pk, "payload": event.payload},
+            created_at=event.created_at,
+            outcome=Outcome.DONE,
+        )
+        event.delete()
+
+
+def ping(name: str) -> None:
+    Marker.objects.create(name=name)
