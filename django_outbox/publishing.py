@@ -1,4 +1,10 @@
-"""Publish events to the generic buffer, inside the caller's transaction."""
+"""Publish events to the generic buffer, inside the caller's transaction.
+
+``publish()`` is on the hot path of the application's own transactions, so it costs one
+INSERT and nothing else: the payload is checked and serialized once, and the row is
+written with a single vendor statement instead of a model save (no model signals are
+sent for ``OutboxEvent``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django_outbox.conf import get_stream
+from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.models import OutboxEvent
 
@@ -20,26 +27,32 @@ def _check(stream: str) -> None:
         )
 
 
-def _checked_payload(stream: str, payload: Any) -> Any:
+def _dumps(stream: str, payload: Any) -> str:
     try:
-        json.dumps(payload, allow_nan=False)
+        return json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"The payload for stream {stream!r} is not JSON: {exc}. Pass dicts, lists, "
             "strings, numbers, booleans and None only (no NaN or infinity)."
         ) from exc
-    return payload
 
 
-def publish(stream: str, payload: Any) -> OutboxEvent:
-    """Insert one event for *stream*; it becomes visible to workers when you commit."""
+def publish(stream: str, payload: Any) -> int:
+    """Insert one event for *stream* and return its id.
+
+    The event becomes visible to workers when the surrounding transaction commits, and
+    disappears with it if it rolls back.
+    """
     _check(stream)
-    return OutboxEvent.objects.create(stream=stream, payload=_checked_payload(stream, payload))
+    return buffer_ops(OutboxEvent).insert_event(stream, _dumps(stream, payload))
 
 
 def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000) -> int:
     """Insert many events for *stream* in bulk; return how many were inserted."""
     _check(stream)
-    events = [OutboxEvent(stream=stream, payload=_checked_payload(stream, p)) for p in payloads]
+    events = []
+    for payload in payloads:
+        _dumps(stream, payload)
+        events.append(OutboxEvent(stream=stream, payload=payload))
     OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
     return len(events)

@@ -15,12 +15,14 @@ from django_outbox.models import OutboxEvent
 pytestmark = pytest.mark.django_db
 
 
-def test_publish_inserts_one_unclaimed_row():
-    event = publish("audit", {"user": 7, "action": "login"})
+def test_publish_inserts_one_unclaimed_row_and_returns_its_id():
+    with CaptureQueriesContext(connection) as captured:
+        event_id = publish("audit", {"user": 7, "action": "login", "tags": ["a", "é"]})
 
-    row = OutboxEvent.objects.get(pk=event.pk)
+    assert len(captured.captured_queries) == 1
+    row = OutboxEvent.objects.get(pk=event_id)
     assert row.stream == "audit"
-    assert row.payload == {"user": 7, "action": "login"}
+    assert row.payload == {"user": 7, "action": "login", "tags": ["a", "é"]}
     assert row.group_id is None
     assert row.created_at is not None
 

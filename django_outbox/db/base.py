@@ -80,6 +80,10 @@ class BufferOps:
         )
         return int(row[0]) if row else 0
 
+    def insert_event(self, stream: str, payload_json: str) -> int:
+        """Insert one row into the generic buffer; return its id. One statement."""
+        raise NotImplementedError
+
     def archive_group(
         self,
         group_id: uuid.UUID,

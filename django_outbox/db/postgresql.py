@@ -16,6 +16,15 @@ NOW_SQL = "statement_timestamp()"
 class PostgresBufferOps(BufferOps):
     skip_locked = True
 
+    def insert_event(self, stream: str, payload_json: str) -> int:
+        row = self.fetchone(
+            f"INSERT INTO {self.table} (created_at, stream, payload) "
+            f"VALUES ({NOW_SQL}, %s, %s::jsonb) RETURNING id",
+            [stream, payload_json],
+        )
+        assert row is not None
+        return int(row[0])
+
     def archive_group(
         self,
         group_id: uuid.UUID,

@@ -20,6 +20,15 @@ NOW_SQL = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 class SQLiteBufferOps(BufferOps):
     skip_locked = False
 
+    def insert_event(self, stream: str, payload_json: str) -> int:
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {self.table} (created_at, stream, payload) "
+                f"VALUES ({NOW_SQL}, %s, %s)",
+                [stream, payload_json],
+            )
+            return int(cursor.lastrowid)
+
     def snapshot_sql(self) -> str:
         """Return a ``json_object(...)`` expression over the row's concrete columns."""
         parts = []
