@@ -7,6 +7,7 @@ in the repository root and installs the package with its ``test`` extra into it:
     python3 dev.py demo [args...]   # run the example project's demo (SQLite unless DATABASE_URL)
     python3 dev.py test [args...]   # ruff + pytest on SQLite and on PostgreSQL, then a summary
     python3 dev.py tox  [args...]   # the tox matrix (tox.ini), with a PostgreSQL server provided
+    python3 dev.py bench [args...]  # the benchmark (benchmarks/run.py) against PostgreSQL
 
 PostgreSQL for ``test`` and ``tox`` is found in this order: ``DATABASE_URL`` from the
 environment; a server on 127.0.0.1:5432 accepting user ``postgres`` without a password
@@ -45,6 +46,19 @@ DB_NAME = "django_outbox"
 DEFAULT_PYENV_VERSION = "3.11.7:3.12.1:3.13.0"
 
 # Run with the venv's python: exits 0 when the server answers (the URL is in argv[1]).
+# Run with the venv's python: creates the database named in argv[1] unless it exists.
+CREATE_DB_SNIPPET = """
+import sys, psycopg
+from psycopg import sql
+from urllib.parse import urlsplit, urlunsplit
+url = urlsplit(sys.argv[1])
+name = url.path.lstrip("/")
+admin = urlunsplit(url._replace(path="/postgres"))
+with psycopg.connect(admin, autocommit=True) as conn:
+    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+"""
+
 PROBE_SNIPPET = """
 import sys, psycopg
 with psycopg.connect(sys.argv[1], connect_timeout=3) as conn:
@@ -350,10 +364,23 @@ def cmd_tox(tox_args: list[str]) -> int:
         return run([BIN / "tox", *tox_args], env=env)
 
 
+def cmd_bench(bench_args: list[str]) -> int:
+    """Run the benchmark against PostgreSQL, in a database of its own (``outbox_bench``)."""
+    bootstrap()
+    with find_postgres() as pg:
+        url = urlunsplit(urlsplit(pg.url)._replace(path="/outbox_bench"))
+        if run([PYTHON, "-c", CREATE_DB_SNIPPET, url]) != 0:
+            raise DevError(f"could not create the benchmark database {redact(url)}")
+        env = {**os.environ, "BENCH_DATABASE_URL": url}
+        log(f"benchmark on {redact(url)}")
+        return run([PYTHON, "-m", "benchmarks.run", *bench_args], env=env)
+
+
 COMMANDS = {
     "demo": (cmd_demo, "set up .venv and run the example project's demo"),
     "test": (cmd_test, "set up .venv, run ruff and pytest on SQLite and PostgreSQL"),
     "tox": (cmd_tox, "set up .venv and run tox with a PostgreSQL server provided"),
+    "bench": (cmd_bench, "set up .venv and run the benchmark against PostgreSQL"),
 }
 
 
@@ -362,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dev.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,test,tox}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,test,tox,bench}")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False).add_argument(
             "args", nargs="*", help="passed through unchanged"
