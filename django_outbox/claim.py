@@ -13,7 +13,7 @@ from django_outbox import transport
 from django_outbox.conf import get_stream
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.models import GroupState, OutboxGroup, StreamState
-from django_outbox.streams import effective_batch_size, release_claim_slot
+from django_outbox.streams import continue_chain, effective_batch_size
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,14 @@ def claim_group(stream: str) -> ClaimResult:
 
 
 def run_claim_chain_link(stream: str) -> ClaimResult:
-    """Claim one group; continue the chain if the batch was full, else end it.
+    """Claim one group, give back this claim's slot, and continue the chain if needed.
 
-    A full claim enqueues its successor so that a backlog drains at worker speed, not
-    at the distribute schedule's pace. The chain's slot in ``claims_in_flight`` passes
-    to the successor; the last link gives it back.
+    A full claim that leaves no other claim of the stream in flight enqueues its
+    successor, so a backlog drains at worker speed, not at the distribute schedule's
+    pace. While other claims are queued they cover the backlog that distribute counted,
+    and a successor of each would only find an empty buffer. The decision is made under
+    the stream's state-row lock, so exactly one claim continues the chain.
     """
     result = claim_group(stream)
-    if result.full:
-        transport.enqueue(transport.CLAIM, [(stream,)], cluster=get_stream(stream).cluster)
-    else:
-        release_claim_slot(stream)
+    continue_chain(stream, full=result.full)
     return result

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from django.db.models import F
-from django.db.models.functions import Greatest, Now
+from django.db import transaction
+from django.db.models.functions import Now
 
+from django_outbox import transport
 from django_outbox.conf import StreamConfig, get_stream
+from django_outbox.db import connection_for
 from django_outbox.models import StreamState
 
 
@@ -28,8 +30,20 @@ def set_paused(stream: str, paused: bool) -> None:
     StreamState.objects.filter(stream=stream).update(paused=paused, updated_at=Now())
 
 
-def release_claim_slot(stream: str) -> None:
-    """Record that one claim chain of *stream* ended."""
-    StreamState.objects.filter(stream=stream).update(
-        claims_in_flight=Greatest(F("claims_in_flight") - 1, 0), claims_touched_at=Now()
-    )
+def continue_chain(stream: str, *, full: bool) -> bool:
+    """Give back a finished claim's slot; enqueue a successor if it was the last and full.
+
+    Returns whether the chain continues.
+    """
+    alias = connection_for(StreamState).alias
+    with transaction.atomic(using=alias):
+        state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
+        in_flight = max(state.claims_in_flight - 1, 0)
+        successor = full and in_flight == 0
+        if successor:
+            transport.enqueue(transport.CLAIM, [(stream,)], cluster=get_stream(stream).cluster)
+            in_flight = 1
+        StreamState.objects.filter(stream=stream).update(
+            claims_in_flight=in_flight, claims_touched_at=Now()
+        )
+    return successor
