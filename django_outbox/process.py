@@ -85,8 +85,13 @@ class Batch:
         return self.model._default_manager.filter(group_id=self.group_id).order_by("id")
 
     def rows(self, *fields: str) -> list[dict[str, Any]]:
-        """Return the group's rows as dicts of *fields* (all concrete fields by default)."""
-        return list(self.events.values(*fields))
+        """Return the group's rows as dicts of *fields* (all concrete fields by default).
+
+        One query and no model instances: the cheap view for a handler that serializes
+        many rows. *fields* are column names of the buffer model (``"activity_id"``,
+        ``"payload"``); use ``events.values(...)`` to follow relations.
+        """
+        return buffer_ops(self.model).group_rows(self.group_id, fields)
 
     @cached_property
     def ids(self) -> list[int]:

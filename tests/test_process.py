@@ -266,3 +266,24 @@ def test_processing_costs_the_same_number_of_queries_for_10_or_1000_rows():
 
 def noop(batch: Batch) -> None:
     batch.rows()
+
+
+def test_batch_rows_match_what_the_orm_returns():
+    from marketing.models import ContactActivity, ContactActivityEvent, Lead
+
+    lead = Lead.objects.create(name="Ada", email="ada@example.com")
+    activity = ContactActivity.objects.create(lead=lead, kind="call")
+    ContactActivityEvent.objects.bulk_create(
+        ContactActivityEvent(activity=activity) for _ in range(3)
+    )
+    publish_many("audit", [{"n": i, "nested": {"x": [1, None]}} for i in range(3)])
+    for stream in ("audit", "marketing"):
+        result = claim(stream)
+        config = get_stream(stream)
+        batch = Batch(config, result.group_id, 1)
+
+        assert batch.rows() == list(batch.events.values())
+        assert batch.rows("id") == list(batch.events.values("id"))
+    assert batch.rows("activity") == list(batch.events.values("activity"))
+    with pytest.raises(ValueError, match=r"use batch\.events\.values"):
+        batch.rows("activity__kind")

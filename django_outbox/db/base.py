@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model
+from django.db.models import Field, Model
 
 
 class BufferOps:
@@ -79,6 +80,53 @@ class BufferOps:
             [*params, cap],
         )
         return int(row[0]) if row else 0
+
+    def group_rows(self, group_id: uuid.UUID, names: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Return the group's rows, in id order, as dicts of the named concrete fields.
+
+        The values are converted as the ORM would convert them, with the converters
+        looked up once per column instead of once per value.
+        """
+        opts = self.model._meta
+        fields = [self._column_field(name) for name in names] or list(opts.concrete_fields)
+        keys = list(names) or [field.attname for field in fields]  # as values() names them
+        converters = []
+        for index, field in enumerate(fields):
+            column = field.get_col(opts.db_table)
+            found = self.connection.ops.get_db_converters(column) + field.get_db_converters(
+                self.connection
+            )
+            if found:
+                converters.append((index, column, found))
+        columns = ", ".join(self.qn(field.column) for field in fields)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {columns} FROM {self.table} WHERE group_id = %s ORDER BY id",
+                [self.group_param(group_id)],
+            )
+            records = cursor.fetchall()
+        if converters:
+            records = [list(record) for record in records]
+            for record in records:
+                for index, column, funcs in converters:
+                    value = record[index]
+                    for func in funcs:
+                        value = func(value, column, self.connection)
+                    record[index] = value
+        return [dict(zip(keys, record, strict=True)) for record in records]
+
+    def _column_field(self, name: str) -> Field:
+        opts = self.model._meta
+        try:
+            field = opts.get_field(name)
+        except FieldDoesNotExist:
+            field = None
+        if field is None or field not in opts.concrete_fields:
+            raise ValueError(
+                f"{name!r} is not a column of {opts.label}: use batch.events.values(...) "
+                "to follow relations."
+            )
+        return field
 
     def insert_event(self, stream: str, payload_json: str) -> int:
         """Insert one row into the generic buffer; return its id. One statement."""
