@@ -16,6 +16,7 @@ __all__ = [
     "LeaseLost",
     "OutboxError",
     "PayloadError",
+    "PermanentFailure",
     "UnknownStream",
     "publish",
     "publish_many",
@@ -27,13 +28,20 @@ _LAZY = {
     "LeaseLost": "django_outbox.exceptions",
     "OutboxError": "django_outbox.exceptions",
     "PayloadError": "django_outbox.exceptions",
+    "PermanentFailure": "django_outbox.exceptions",
     "UnknownStream": "django_outbox.exceptions",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
 }
 
 if TYPE_CHECKING:
-    from django_outbox.exceptions import LeaseLost, OutboxError, PayloadError, UnknownStream
+    from django_outbox.exceptions import (
+        LeaseLost,
+        OutboxError,
+        PayloadError,
+        PermanentFailure,
+        UnknownStream,
+    )
     from django_outbox.process import Batch, BatchResult
     from django_outbox.publishing import publish, publish_many
 

@@ -113,6 +113,8 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             )
         )
     errors.extend(_check_handler(where, options.get("HANDLER")))
+    if options.get("ON_EXHAUSTED") is not None:
+        errors.extend(_check_callable_path(where, "ON_EXHAUSTED", options["ON_EXHAUSTED"]))
     errors.extend(
         _check_model(name, where, options.get("MODEL", STREAM_DEFAULTS["MODEL"]), models_seen)
     )
@@ -172,22 +174,31 @@ def _check_handler(where: str, path: Any) -> list[CheckMessage]:
                 id="django_outbox.E010",
             )
         ]
+    return _check_callable_path(where, "HANDLER", path)
+
+
+#: Check ids of (cannot be imported, not a callable's dotted path), per option.
+CALLABLE_IDS = {"HANDLER": ("E011", "E012"), "ON_EXHAUSTED": ("E013", "E014")}
+
+
+def _check_callable_path(where: str, option: str, path: Any) -> list[CheckMessage]:
+    import_id, callable_id = CALLABLE_IDS[option]
     try:
-        handler = import_string(path) if isinstance(path, str) else path
+        target = import_string(path) if isinstance(path, str) else path
     except ImportError as exc:
         return [
             Error(
-                f"{where}['HANDLER'] {path!r} cannot be imported: {exc}",
+                f"{where}['{option}'] {path!r} cannot be imported: {exc}",
                 hint="Check the dotted path and that its module imports without errors.",
-                id="django_outbox.E011",
+                id=f"django_outbox.{import_id}",
             )
         ]
-    if not isinstance(path, str) or not callable(handler):
+    if not isinstance(path, str) or not callable(target):
         return [
             Error(
-                f"{where}['HANDLER'] must be the dotted path of a callable, not {path!r}.",
+                f"{where}['{option}'] must be the dotted path of a callable, not {path!r}.",
                 hint="Give a string such as 'crm.outbox.sync_activities'.",
-                id="django_outbox.E012",
+                id=f"django_outbox.{callable_id}",
             )
         ]
     return []

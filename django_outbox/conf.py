@@ -35,6 +35,7 @@ STREAM_DEFAULTS: dict[str, Any] = {
     "ARCHIVE": True,
     "TRANSACTIONAL": False,
     "CLUSTER": None,
+    "ON_EXHAUSTED": None,
 }
 
 GLOBAL_DEFAULTS: dict[str, Any] = {
@@ -60,6 +61,7 @@ class StreamConfig:
     archive: bool
     transactional: bool
     cluster: str | None
+    on_exhausted: str | None = None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @classmethod
@@ -79,6 +81,7 @@ class StreamConfig:
             archive=merged["ARCHIVE"],
             transactional=merged["TRANSACTIONAL"],
             cluster=merged["CLUSTER"],
+            on_exhausted=merged["ON_EXHAUSTED"],
             raw=dict(options),
         )
 
@@ -97,6 +100,10 @@ class StreamConfig:
     def handler_func(self) -> Callable[..., Any]:
         """Import the handler by its dotted path."""
         return _import_handler(self.handler)
+
+    def on_exhausted_func(self) -> Callable[..., Any] | None:
+        """Import the ``ON_EXHAUSTED`` hook, if the stream has one."""
+        return _import_handler(self.on_exhausted) if self.on_exhausted else None
 
 
 @dataclass(frozen=True)

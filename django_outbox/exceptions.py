@@ -24,6 +24,14 @@ class WrongBufferModel(OutboxError):
     """``publish()`` called for a stream whose buffer is a custom model."""
 
 
+class PermanentFailure(OutboxError):
+    """Raise from a handler when retrying cannot help: the group is dead-lettered now.
+
+    The remaining attempts are skipped; the rows are archived as ``failed`` with this
+    error (after the stream's ``ON_EXHAUSTED`` hook), ready for ``outbox_replay``.
+    """
+
+
 class LeaseLost(OutboxError):
     """The group's lease was taken over by another worker; stop and change nothing."""
 

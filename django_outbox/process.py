@@ -15,6 +15,7 @@ import enum
 import logging
 import os
 import socket
+import time
 import traceback
 import uuid
 from collections.abc import Iterable, Mapping
@@ -30,8 +31,9 @@ from django.db.models.functions import Now
 from django_outbox.backoff import backoff_seconds
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
-from django_outbox.exceptions import LeaseLost
+from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.models import GroupState, OutboxGroup, Outcome
+from django_outbox.signals import group_exhausted, group_failed, group_processed, send_on_commit
 
 logger = logging.getLogger("django_outbox")
 
@@ -76,6 +78,7 @@ class Batch:
         self.group_id = group_id
         self.attempt = attempt
         self.model = config.model_class
+        self.started = time.monotonic()
 
     def __repr__(self) -> str:
         return f"<Batch {self.stream} group={self.group_id} attempt={self.attempt}>"
@@ -157,7 +160,7 @@ def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
         logger.warning("Lease lost: %s", batch)
         return ProcessOutcome.LEASE_LOST
     except Exception as exc:
-        return fail_group(batch, _describe(exc))
+        return fail_group(batch, _describe(exc), permanent=isinstance(exc, PermanentFailure))
     try:
         return finalize(batch, result)
     except LeaseLost:
@@ -185,7 +188,7 @@ def _run_transactional(batch: Batch) -> ProcessOutcome:
     except LeaseLost:
         raise
     except Exception as exc:
-        return fail_group(batch, _describe(exc))
+        return fail_group(batch, _describe(exc), permanent=isinstance(exc, PermanentFailure))
 
 
 def _lock_fenced(batch: Batch) -> None:
@@ -206,7 +209,7 @@ def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome
         str(pk): str(err)[:ERROR_LIMIT] for pk, err in (result.failed if result else {}).items()
     }
     ops = buffer_ops(batch.model)
-    ops.archive_group(
+    done = ops.archive_group(
         batch.group_id,
         stream=config.name,
         outcome=Outcome.DONE,
@@ -214,6 +217,15 @@ def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome
         keep_ids=[int(pk) for pk in failed],
         archive=config.archive,
     )
+    if done:
+        send_on_commit(
+            group_processed,
+            config.name,
+            group_id=batch.group_id,
+            attempt=batch.attempt,
+            rows=done,
+            duration=time.monotonic() - batch.started,
+        )
     if not failed:
         OutboxGroup.objects.filter(id=batch.group_id).delete()
         return ProcessOutcome.DONE
@@ -227,12 +239,15 @@ def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome
     return ProcessOutcome.PARTIAL if outcome is ProcessOutcome.RETRYING else outcome
 
 
-def fail_group(batch: Batch, error: str) -> ProcessOutcome:
-    """Record that the handler failed the whole group: retry later or exhaust."""
+def fail_group(batch: Batch, error: str, *, permanent: bool = False) -> ProcessOutcome:
+    """Record that the handler failed the whole group: retry later or exhaust.
+
+    A *permanent* failure (:class:`PermanentFailure`) skips the remaining attempts.
+    """
     try:
         with transaction.atomic(using=connection_for(OutboxGroup).alias):
             _lock_fenced(batch)
-            return _record_failure(batch, error)
+            return _record_failure(batch, error, permanent=permanent)
     except LeaseLost:
         logger.warning("Lease lost while recording a failure: %s", batch)
         return ProcessOutcome.LEASE_LOST
@@ -244,10 +259,13 @@ def _record_failure(
     *,
     row_errors: Mapping[str, str] | None = None,
     size: int | None = None,
+    permanent: bool = False,
 ) -> ProcessOutcome:
     config = batch.config
-    if batch.attempt >= config.max_attempts:
-        exhaust_group(config, batch.group_id, batch.attempt, error, row_errors=row_errors)
+    if permanent or batch.attempt >= config.max_attempts:
+        exhaust_group(
+            config, batch.group_id, batch.attempt, error, row_errors=row_errors, batch=batch
+        )
         return ProcessOutcome.EXHAUSTED
     delay = backoff_seconds(batch.attempt, config.backoff_seconds, config.backoff_max_seconds)
     changes: dict[str, Any] = {
@@ -261,6 +279,16 @@ def _record_failure(
     if size is not None:
         changes["size"] = size
     _fenced(batch.group_id, batch.attempt).update(**changes)
+    send_on_commit(
+        group_failed,
+        config.name,
+        group_id=batch.group_id,
+        attempt=batch.attempt,
+        rows=size if size is not None else OutboxGroup.objects.get(id=batch.group_id).size,
+        duration=time.monotonic() - batch.started,
+        error=error,
+        retry_in=delay,
+    )
     logger.warning(
         "Group %s of stream %s failed attempt %s of %s; retrying in %.0fs: %s",
         batch.group_id,
@@ -280,12 +308,18 @@ def exhaust_group(
     error: str,
     *,
     row_errors: Mapping[str, str] | None = None,
+    batch: Batch | None = None,
 ) -> int:
-    """Dead-letter a group: archive its rows as failed with their errors, then delete it.
+    """Dead-letter a group: run ``ON_EXHAUSTED``, archive its rows as failed, delete it.
 
-    The rows are archived even when the stream's ``ARCHIVE`` is off: a dead letter is
-    kept for an operator to replay. Returns the number of rows dead-lettered.
+    Runs inside the caller's transaction, which holds the group. The hook gets the
+    batch (its rows are still in the buffer) and the error, inside a savepoint: if it
+    raises, its own writes are rolled back, the error is logged, and the rows are
+    dead-lettered all the same. The rows are archived even when the stream's
+    ``ARCHIVE`` is off: a dead letter is kept for an operator to replay. Returns the
+    number of rows dead-lettered.
     """
+    _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
     rows = buffer_ops(config.model_class).archive_group(
         group_id,
         stream=config.name,
@@ -295,6 +329,9 @@ def exhaust_group(
         row_errors=row_errors,
     )
     OutboxGroup.objects.filter(id=group_id).delete()
+    send_on_commit(
+        group_exhausted, config.name, group_id=group_id, attempt=attempt, rows=rows, error=error
+    )
     logger.error(
         "Group %s of stream %s exhausted after %s attempts; %s rows dead-lettered: %s",
         group_id,
@@ -304,6 +341,21 @@ def exhaust_group(
         error.splitlines()[-1] if error else "",
     )
     return rows
+
+
+def _run_on_exhausted(config: StreamConfig, batch: Batch, error: str) -> None:
+    hook = config.on_exhausted_func()
+    if hook is None:
+        return
+    try:
+        with transaction.atomic(using=connection_for(OutboxGroup).alias):
+            hook(batch, error)
+    except Exception:
+        logger.exception(
+            "ON_EXHAUSTED hook of stream %s failed for group %s; dead-lettering anyway",
+            config.name,
+            batch.group_id,
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -108,3 +108,19 @@ LOGGING = {
     "handlers": {"null": {"class": "logging.NullHandler"}},
     "loggers": {"django-q": {"handlers": ["null"], "propagate": False}},
 }
+
+# The crash tests (tests/test_crash.py) run a stream with a short lease on a cluster of
+# its own; their child processes switch it on through the environment.
+CRASH_STREAM = {
+    "HANDLER": "tests.testapp.handlers.slow_record",
+    "BATCH_SIZE": 500,
+    "MAX_ATTEMPTS": 50,
+    "BACKOFF_SECONDS": 1,
+    "BACKOFF_MAX_SECONDS": 2,
+    "LEASE_SECONDS": 3,
+    "CLUSTER": "crash",
+}
+CRASH_CLUSTER = {"timeout": 3, "retry": 5}
+if os.environ.get("OUTBOX_TEST_CRASH"):
+    DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
+    Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}

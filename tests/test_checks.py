@@ -23,7 +23,8 @@ TEST_Q_CLUSTER = settings.Q_CLUSTER
 
 KNOWN_OPTIONS = (
     "Known options: ARCHIVE, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CLUSTER, "
-    "EVERY_MINUTES, HANDLER, LEASE_SECONDS, MAX_ATTEMPTS, MAX_BATCHES, MODEL, TRANSACTIONAL."
+    "EVERY_MINUTES, HANDLER, LEASE_SECONDS, MAX_ATTEMPTS, MAX_BATCHES, MODEL, ON_EXHAUSTED, "
+    "TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -625,3 +626,27 @@ def test_check_command_passes_with_the_test_settings():
     out, err = io.StringIO(), io.StringIO()
     call_command("check", stdout=out, stderr=err)
     assert "django_outbox" not in out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("hook", "check_id", "message"),
+    [
+        (
+            "tests.nowhere.hook",
+            "django_outbox.E013",
+            "DJANGO_OUTBOX['STREAMS']['audit']['ON_EXHAUSTED'] 'tests.nowhere.hook' cannot be "
+            "imported: No module named 'tests.nowhere'",
+        ),
+        (
+            "django_outbox.conf.SETTING_NAME",
+            "django_outbox.E014",
+            "DJANGO_OUTBOX['STREAMS']['audit']['ON_EXHAUSTED'] must be the dotted path of a "
+            "callable, not 'django_outbox.conf.SETTING_NAME'.",
+        ),
+    ],
+)
+def test_on_exhausted_must_be_an_importable_callable(hook, check_id, message):
+    streams = {"audit": {"HANDLER": "tests.testapp.handlers.record", "ON_EXHAUSTED": hook}}
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        messages = [m for m in run_checks() if m.id.startswith("django_outbox")]
+    assert [(m.id, m.msg) for m in messages] == [(check_id, message)]

@@ -287,3 +287,93 @@ def test_batch_rows_match_what_the_orm_returns():
     assert batch.rows("activity") == list(batch.events.values("activity"))
     with pytest.raises(ValueError, match=r"use batch\.events\.values"):
         batch.rows("activity__kind")
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": {**AUDIT, "MAX_ATTEMPTS": 8}}})
+def test_a_permanent_failure_skips_the_remaining_attempts(handler_mode):
+    publish_many("audit", [{"n": i} for i in range(3)])
+    result = claim()
+    handler_mode("permanent")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.EXHAUSTED
+
+    archived = ArchivedEvent.objects.all()
+    assert archived.count() == 3
+    assert set(archived.values_list("outcome", "attempts")) == {(Outcome.FAILED, 1)}
+    assert all(
+        "the API rejected the request: 422" in e for e in archived.values_list("error", flat=True)
+    )
+    assert not OutboxGroup.objects.exists()
+
+
+@override_settings(
+    DJANGO_OUTBOX={
+        "STREAMS": {"audit": {**AUDIT, "ON_EXHAUSTED": "tests.testapp.handlers.compensate"}}
+    }
+)
+def test_the_on_exhausted_hook_sees_the_rows_before_they_are_dead_lettered(handler_mode):
+    publish_many("audit", [{"n": i} for i in range(4)])
+    ids = set(OutboxEvent.objects.values_list("id", flat=True))
+    result = claim()
+    handler_mode("permanent")
+
+    process_group("audit", result.group_id)
+
+    compensation = HandledCall.objects.get(stream="compensate:audit")
+    assert set(compensation.event_ids) == ids
+    assert ArchivedEvent.objects.filter(outcome=Outcome.FAILED).count() == 4
+
+
+@override_settings(
+    DJANGO_OUTBOX={
+        "STREAMS": {"audit": {**AUDIT, "ON_EXHAUSTED": "tests.testapp.handlers.broken_hook"}}
+    }
+)
+def test_a_failing_hook_is_rolled_back_and_the_rows_are_dead_lettered_anyway(handler_mode, caplog):
+    publish_many("audit", [{"n": i} for i in range(2)])
+    result = claim()
+    handler_mode("permanent")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.EXHAUSTED
+
+    assert not HandledCall.objects.filter(stream="broken").exists()
+    assert ArchivedEvent.objects.filter(outcome=Outcome.FAILED).count() == 2
+    assert "ON_EXHAUSTED hook of stream audit failed" in caplog.text
+
+
+def test_signals_report_processed_failed_and_exhausted_groups(
+    handler_mode, django_capture_on_commit_callbacks
+):
+    from django_outbox import signals
+
+    received = []
+
+    def receiver(signal_name):
+        def record(sender, **kwargs):
+            received.append((signal_name, sender, kwargs["rows"], kwargs["attempt"]))
+
+        return record
+
+    handlers = {
+        name: receiver(name) for name in ("group_processed", "group_failed", "group_exhausted")
+    }
+    for name, handler in handlers.items():
+        getattr(signals, name).connect(handler)
+    try:
+        publish_many("audit", [{"n": i, "fail": i == 0} for i in range(5)])
+        result = claim()
+        with django_capture_on_commit_callbacks(execute=True):
+            handler_mode("fail-marked")
+            process_group("audit", result.group_id)
+            make_due(result.group_id)
+            handler_mode("permanent")
+            process_group("audit", result.group_id)
+    finally:
+        for name, handler in handlers.items():
+            getattr(signals, name).disconnect(handler)
+
+    assert received == [
+        ("group_processed", "audit", 4, 1),
+        ("group_failed", "audit", 1, 1),
+        ("group_exhausted", "audit", 1, 2),
+    ]

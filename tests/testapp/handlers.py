@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 from django.core.cache import cache
 
-from django_outbox import BatchResult
+from django_outbox import BatchResult, PermanentFailure
 from django_outbox.process import Batch
 from tests.testapp.models import HandledCall
 
@@ -30,6 +34,38 @@ def record(batch: Batch) -> BatchResult | None:
         return BatchResult(
             {row["id"]: "marked" for row in rows if (row["payload"] or {}).get("fail")}
         )
+    if mode == "permanent":
+        raise PermanentFailure("the API rejected the request: 422")
     if mode == "bad-return":
         return "not a BatchResult"  # type: ignore[return-value]
     return None
+
+
+def slow_record(batch: Batch) -> None:
+    """A handler that takes a while, like a remote call, so a test can kill it mid-way.
+
+    While it runs, a file named after the worker's pid exists in ``OUTBOX_TEST_BUSY_DIR``.
+    """
+    rows = batch.rows("id")
+    marker = Path(os.environ["OUTBOX_TEST_BUSY_DIR"]) / str(os.getpid())
+    marker.write_text(f"{batch.group_id} {batch.attempt} {len(rows)}")
+    try:
+        time.sleep(0.15)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def compensate(batch: Batch, error: str) -> None:
+    """An ON_EXHAUSTED hook that records the compensating action it would take."""
+    HandledCall.objects.create(
+        stream=f"compensate:{batch.stream}",
+        group_id=batch.group_id,
+        attempt=batch.attempt,
+        event_ids=[row["id"] for row in batch.rows("id")],
+    )
+
+
+def broken_hook(batch: Batch, error: str) -> None:
+    """An ON_EXHAUSTED hook that writes, then fails: its write must not survive."""
+    HandledCall.objects.create(stream="broken", group_id=batch.group_id, attempt=0, event_ids=[])
+    raise RuntimeError("hook exploded")
