@@ -24,6 +24,9 @@ class ArchivedEvent(models.Model):
     outcome = models.CharField(max_length=8, choices=Outcome.choices)
     attempts = models.PositiveIntegerField(default=1)
     error = models.TextField(blank=True, default="")
+    replayed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When this dead letter was published again."
+    )
 
     class Meta:
         verbose_name = "archived event"

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils.dateparse import parse_datetime
+
+from django_outbox.exceptions import UnknownStream
+from django_outbox.replay import dead_letters, replay_failed
+
+
+def _datetime(value: str) -> Any:
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise CommandError(f"{value!r} is not a date and time, e.g. 2026-11-22T10:00:00Z.")
+    return parsed
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise CommandError(f"{value!r} is not a group id (a UUID).") from None
+
+
+class Command(BaseCommand):
+    help = "Publish dead letters (failed archived rows) into their buffers again."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--stream", help="Only this stream.")
+        parser.add_argument("--since", help="Only rows archived at or after this time.")
+        parser.add_argument("--until", help="Only rows archived before this time.")
+        parser.add_argument("--group", help="Only rows of this group id.")
+        parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            rows = dead_letters(
+                stream=options["stream"],
+                since=_datetime(options["since"]) if options["since"] else None,
+                until=_datetime(options["until"]) if options["until"] else None,
+                group_id=_uuid(options["group"]) if options["group"] else None,
+            )
+            if options["dry_run"]:
+                counts = dict(
+                    sorted(
+                        (s, rows.filter(stream=s).count())
+                        for s in set(rows.values_list("stream", flat=True))
+                    )
+                )
+            else:
+                counts = dict(sorted(replay_failed(rows).items()))
+        except UnknownStream as exc:
+            raise CommandError(str(exc)) from exc
+        verb = "Would replay" if options["dry_run"] else "Replayed"
+        for stream, count in counts.items():
+            self.stdout.write(f"{verb} {count:,} row(s) of stream {stream}.")
+        if not counts:
+            self.stdout.write("No dead letters match.")
