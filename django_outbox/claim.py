@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 from django_outbox import transport
 from django_outbox.conf import get_stream
 from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db.transient import retry_transient
 from django_outbox.models import GroupState, OutboxGroup, StreamState
 from django_outbox.streams import continue_chain, effective_batch_size
 
@@ -48,17 +49,25 @@ def claim_group(stream: str) -> ClaimResult:
         return ClaimResult(stream, None, 0, 0)
     group_id = uuid.uuid4()
     ops = buffer_ops(model)
-    with transaction.atomic(using=connection_for(model).alias):
-        size = ops.claim(group_id, limit, stream if config.is_generic else None)
-        if size:
-            OutboxGroup.objects.create(
-                id=group_id,
-                stream=stream,
-                size=size,
-                state=GroupState.CLAIMED,
-                lease_expires_at=Now() + timedelta(seconds=config.lease_seconds),
-            )
-            transport.enqueue(transport.PROCESS, [(stream, str(group_id))], cluster=config.cluster)
+    alias = connection_for(model).alias
+
+    def claim_transaction() -> int:
+        with transaction.atomic(using=alias):
+            size = ops.claim(group_id, limit, stream if config.is_generic else None)
+            if size:
+                OutboxGroup.objects.create(
+                    id=group_id,
+                    stream=stream,
+                    size=size,
+                    state=GroupState.CLAIMED,
+                    lease_expires_at=Now() + timedelta(seconds=config.lease_seconds),
+                )
+                transport.enqueue(
+                    transport.PROCESS, [(stream, str(group_id))], cluster=config.cluster
+                )
+        return size
+
+    size = retry_transient(claim_transaction, alias, what=f"claim of stream {stream}")
     return ClaimResult(stream, group_id if size else None, size, limit)
 
 

@@ -24,13 +24,14 @@ from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from django_outbox.backoff import backoff_seconds
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.models import GroupState, OutboxGroup, Outcome
 from django_outbox.signals import group_exhausted, group_failed, group_processed, send_on_commit
@@ -166,6 +167,9 @@ def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
     except LeaseLost:
         logger.warning("Lease lost before finalize: %s", batch)
         return ProcessOutcome.LEASE_LOST
+    except DatabaseError as exc:
+        # Retried already; the rows are still in the group: count a failed attempt.
+        return fail_group(batch, f"finalize failed: {_describe(exc)}")
 
 
 def _call_handler(batch: Batch) -> BatchResult | None:
@@ -197,10 +201,19 @@ def _lock_fenced(batch: Batch) -> None:
 
 
 def finalize(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
-    """Archive and delete the done rows; keep failed rows for a retry. One transaction."""
-    with transaction.atomic(using=connection_for(OutboxGroup).alias):
-        _lock_fenced(batch)
-        return _finalize_locked(batch, result)
+    """Archive and delete the done rows; keep failed rows for a retry. One transaction.
+
+    A transient database error (deadlock, serialization failure, dropped connection)
+    runs the transaction again, a bounded number of times.
+    """
+    alias = connection_for(OutboxGroup).alias
+
+    def finalize_transaction() -> ProcessOutcome:
+        with transaction.atomic(using=alias):
+            _lock_fenced(batch)
+            return _finalize_locked(batch, result)
+
+    return retry_transient(finalize_transaction, alias, what=f"finalize of {batch}")
 
 
 def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
@@ -244,10 +257,15 @@ def fail_group(batch: Batch, error: str, *, permanent: bool = False) -> ProcessO
 
     A *permanent* failure (:class:`PermanentFailure`) skips the remaining attempts.
     """
-    try:
-        with transaction.atomic(using=connection_for(OutboxGroup).alias):
+    alias = connection_for(OutboxGroup).alias
+
+    def failure_transaction() -> ProcessOutcome:
+        with transaction.atomic(using=alias):
             _lock_fenced(batch)
             return _record_failure(batch, error, permanent=permanent)
+
+    try:
+        return retry_transient(failure_transaction, alias, what=f"failure record of {batch}")
     except LeaseLost:
         logger.warning("Lease lost while recording a failure: %s", batch)
         return ProcessOutcome.LEASE_LOST

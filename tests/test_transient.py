@@ -1,0 +1,110 @@
+"""Transient database errors in claim and finalize: retried a bounded number of times."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from django.db import IntegrityError, OperationalError
+
+from django_outbox import publish_many, transport
+from django_outbox.claim import claim_group
+from django_outbox.db import buffer_ops
+from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup
+from django_outbox.process import ProcessOutcome, process_group
+
+# Retries only happen at the top level, outside any transaction: no test transaction.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class SerializationFailure(Exception):
+    sqlstate = "40001"
+
+
+class DeadlockDetected(Exception):
+    sqlstate = "40P01"
+
+
+def transient(cause: type[Exception]) -> OperationalError:
+    error = OperationalError("could not serialize access due to concurrent update")
+    error.__cause__ = cause()
+    return error
+
+
+def ops_class():
+    from django_outbox.models import OutboxEvent
+
+    return type(buffer_ops(OutboxEvent))
+
+
+def claimed_group():
+    publish_many("audit", [{"n": i} for i in range(5)])
+    with transport.capture():
+        return claim_group("audit").group_id
+
+
+def test_finalize_runs_again_after_a_serialization_failure():
+    group_id = claimed_group()
+    real = ops_class().archive_group
+    calls = []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise transient(SerializationFailure)
+        return real(self, *args, **kwargs)
+
+    with mock.patch.object(ops_class(), "archive_group", flaky):
+        assert process_group("audit", group_id) is ProcessOutcome.DONE
+
+    assert len(calls) == 2
+    assert ArchivedEvent.objects.count() == 5
+    assert not OutboxEvent.objects.exists()
+
+
+def test_a_finalize_that_keeps_failing_counts_as_a_failed_attempt_and_keeps_the_rows():
+    group_id = claimed_group()
+
+    with mock.patch.object(
+        ops_class(), "archive_group", side_effect=transient(SerializationFailure)
+    ) as archive:
+        assert process_group("audit", group_id) is ProcessOutcome.RETRYING
+
+    assert archive.call_count == 3
+    group = OutboxGroup.objects.get(pk=group_id)
+    assert group.state == GroupState.RETRYING and group.attempt == 1
+    assert group.last_error.startswith("finalize failed:")
+    assert OutboxEvent.objects.filter(group_id=group_id).count() == 5
+    assert not ArchivedEvent.objects.exists()
+
+
+def test_a_claim_runs_again_after_a_deadlock():
+    publish_many("audit", [{"n": i} for i in range(5)])
+    real = ops_class().claim
+    calls = []
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise transient(DeadlockDetected)
+        return real(self, *args, **kwargs)
+
+    with mock.patch.object(ops_class(), "claim", flaky), transport.capture():
+        assert claim_group("audit").size == 5
+    assert len(calls) == 2
+    assert OutboxGroup.objects.count() == 1
+
+
+def test_other_database_errors_are_raised_at_once_and_change_nothing():
+    publish_many("audit", [{"n": i} for i in range(5)])
+
+    with (
+        mock.patch.object(ops_class(), "claim", side_effect=IntegrityError("nope")) as claim,
+        transport.capture(),
+        pytest.raises(IntegrityError),
+    ):
+        claim_group("audit")
+
+    assert claim.call_count == 1
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 5
+    assert not OutboxGroup.objects.exists()
