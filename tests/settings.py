@@ -124,3 +124,6 @@ CRASH_CLUSTER = {"timeout": 3, "retry": 5}
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
     Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}
+STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
+if os.environ.get("OUTBOX_TEST_CRASH"):
+    DJANGO_OUTBOX["STREAMS"]["stall"] = STALL_STREAM

@@ -69,3 +69,19 @@ def broken_hook(batch: Batch, error: str) -> None:
     """An ON_EXHAUSTED hook that writes, then fails: its write must not survive."""
     HandledCall.objects.create(stream="broken", group_id=batch.group_id, attempt=0, event_ids=[])
     raise RuntimeError("hook exploded")
+
+
+def stall(batch: Batch) -> None:
+    """A handler that, in a stalling worker, waits for the test's go-ahead.
+
+    With ``OUTBOX_TEST_STALL_DIR`` set, it writes ``started``, waits for ``go`` to exist,
+    then heartbeats when ``OUTBOX_TEST_HEARTBEAT=1``. Elsewhere it returns at once.
+    """
+    stall_dir = os.environ.get("OUTBOX_TEST_STALL_DIR")
+    if not stall_dir:
+        return
+    (Path(stall_dir) / "started").write_text(str(batch.attempt))
+    while not (Path(stall_dir) / "go").exists():
+        time.sleep(0.01)
+    if os.environ.get("OUTBOX_TEST_HEARTBEAT") == "1":
+        batch.heartbeat()

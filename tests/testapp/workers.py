@@ -1,0 +1,17 @@
+"""Bodies of child processes started by the process-tier tests."""
+
+from __future__ import annotations
+
+import sys
+
+
+def process_once(stream: str, group_id: str) -> None:
+    """Process one group, as a django-q2 worker would, and print the outcome."""
+    import django
+
+    django.setup()
+    from django_outbox.process import process_group
+
+    outcome = process_group(stream, group_id)
+    print(outcome.value, flush=True)
+    sys.exit(0)
