@@ -127,3 +127,10 @@ if os.environ.get("OUTBOX_TEST_CRASH"):
 STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["stall"] = STALL_STREAM
+POISON_STREAM = {
+    **CRASH_STREAM,
+    "HANDLER": "tests.testapp.handlers.refuse_poison",
+    "MAX_ATTEMPTS": 3,
+}
+if os.environ.get("OUTBOX_TEST_CRASH"):
+    DJANGO_OUTBOX["STREAMS"]["poison"] = POISON_STREAM

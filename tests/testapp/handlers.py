@@ -85,3 +85,9 @@ def stall(batch: Batch) -> None:
         time.sleep(0.01)
     if os.environ.get("OUTBOX_TEST_HEARTBEAT") == "1":
         batch.heartbeat()
+
+
+def refuse_poison(batch: Batch) -> None:
+    """Fail every attempt of a group holding a row whose payload says ``poison``."""
+    if any(row["payload"].get("poison") for row in batch.rows("payload")):
+        raise RuntimeError("poison pill")
