@@ -108,3 +108,22 @@ def test_other_database_errors_are_raised_at_once_and_change_nothing():
     assert claim.call_count == 1
     assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 5
     assert not OutboxGroup.objects.exists()
+
+
+def test_a_transactional_handler_whose_finalize_fails_leaves_no_database_effect():
+    from django.test import override_settings
+
+    from tests.testapp.models import HandledCall
+
+    streams = {"audit": {"HANDLER": "tests.testapp.handlers.record", "TRANSACTIONAL": True}}
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        group_id = claimed_group()
+        with mock.patch.object(
+            ops_class(), "archive_group", side_effect=IntegrityError("archive insert failed")
+        ):
+            assert process_group("audit", group_id) is ProcessOutcome.RETRYING
+
+    assert not HandledCall.objects.exists(), "the handler's write survived a failed finalize"
+    assert OutboxEvent.objects.filter(group_id=group_id).count() == 5
+    assert not ArchivedEvent.objects.exists()
+    assert "archive insert failed" in OutboxGroup.objects.get(pk=group_id).last_error
