@@ -43,8 +43,9 @@ def dead_letters(
 def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counter:
     """Publish *rows* into their streams' buffers again; return the count per stream.
 
-    Each chunk is one transaction: new buffer rows built from the snapshots (fresh id,
-    creation time and no group) and the archive rows marked ``replayed_at``, so a dead
+    Rows go back in their original order (by their old buffer id). Each chunk is one
+    transaction: new buffer rows built from the snapshots (fresh id, creation time and
+    no group) and the archive rows marked ``replayed_at``, so a dead
     letter is replayed once however often this runs. A stream that is no longer
     configured raises :class:`~django_outbox.exceptions.UnknownStream` before anything
     changes.
@@ -60,7 +61,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
                 batch = list(
                     rows.filter(stream=name)
                     .select_for_update(skip_locked=True)
-                    .order_by("id")
+                    .order_by("event_id", "id")
                     .values_list("id", "data")[:chunk]
                 )
                 if not batch:

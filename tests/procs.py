@@ -1,4 +1,13 @@
-"""Helpers of the process tier: run Django code in real subprocesses on the test database."""
+"""Helpers of the process tier: run Django code in real subprocesses on the test database.
+
+* :func:`child_env` builds the environment of a child that talks to *this* test run's
+  database (the one pytest-django created), not the development database;
+* :func:`running` / :func:`qcluster` start a child in its own session and always stop it:
+  SIGTERM to the child itself, a bounded wait, then SIGKILL to its whole process group;
+* :func:`wait_until` polls a condition against a deadline and fails with the last
+  observed state, and fails at once if a watched child died;
+* :func:`claim_until_empty` is the body of a concurrent claimer process.
+"""
 
 from __future__ import annotations
 
@@ -10,51 +19,78 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: How long a stopped child may take to exit after SIGTERM before its group is killed.
+STOP_TIMEOUT = 30.0
+
+
+def database_url() -> str:
+    """The URL of the test database (PostgreSQL), from the live connection's settings."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    user = quote(settings.get("USER") or "", safe="")
+    password = quote(str(settings.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = settings.get("HOST") or ""
+    if host.startswith("/"):  # a Unix socket directory
+        host = quote(host, safe="")
+    port = f":{settings['PORT']}" if settings.get("PORT") else ""
+    return f"postgres://{credentials}{host}{port}/{quote(str(settings['NAME']), safe='')}"
 
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child process that uses this test run's database."""
     from django.db import connection
 
-    settings = connection.settings_dict
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "example_project")]),
+        "PYTHONUNBUFFERED": "1",
     }
     env.pop("OUTBOX_REQUIRE_POSTGRES", None)
     if connection.vendor == "postgresql":
-        user = settings["USER"] or ""
-        password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
-        host = settings["HOST"] or ""
-        if host.startswith("/"):
-            from urllib.parse import quote
-
-            host = quote(host, safe="")
-        port = f":{settings['PORT']}" if settings["PORT"] else ""
-        at = "@" if user or password else ""
-        env["DATABASE_URL"] = f"postgres://{user}{password}{at}{host}{port}/{settings['NAME']}"
-    else:
+        env["DATABASE_URL"] = database_url()
+        env.pop("OUTBOX_TEST_SQLITE", None)
+    elif connection.vendor == "sqlite":
+        # tests/settings.py names the file after the pid by default: pass ours explicitly.
         env["DATABASE_URL"] = ""
-        env["OUTBOX_TEST_SQLITE"] = str(settings["NAME"])
+        env["OUTBOX_TEST_SQLITE"] = str(connection.settings_dict["NAME"])
+    else:  # pragma: no cover - the suite runs on SQLite and PostgreSQL only
+        raise RuntimeError(f"no child environment for {connection.vendor!r}")
     env.update(extra)
     return env
+
+
+def log_tail(process: subprocess.Popen, chars: int = 6000) -> str:
+    path = getattr(process, "log_path", None)
+    if path is None or not Path(path).exists():
+        return ""
+    return Path(path).read_text(errors="replace")[-chars:]
 
 
 @contextlib.contextmanager
 def running(
     args: list[str], name: str, log: Path | None = None, **env: str
 ) -> Iterator[subprocess.Popen]:
-    """Run ``python *args`` until the block ends; SIGTERM it, then SIGKILL its group.
+    """Run ``python *args`` (cwd: the project root) until the block ends, then stop it.
 
-    Its output goes to *log* (a temporary file by default), printed if it failed.
+    The child starts a new session, so it and everything it forks (qcluster's sentinel,
+    monitor and workers) form one process group that :func:`stop` can kill as a whole.
+    Its output goes to *log* (a temporary file by default; ``process.log_path``), printed
+    when the block raised or the child did not exit cleanly.
     """
-    log = log or Path(tempfile.gettempdir()) / f"outbox-test-{name}-{os.getpid()}.log"
+    if log is None:
+        fd, path = tempfile.mkstemp(prefix=f"outbox-test-{name}-", suffix=".log")
+        os.close(fd)
+        log = Path(path)
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, *args],
@@ -62,60 +98,195 @@ def running(
             env=child_env(**env),
             stdout=out,
             stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    process.log_path = log  # type: ignore[attr-defined]
+    failed = False
     try:
         yield process
+    except BaseException:
+        failed = True
+        raise
     finally:
         stop(process)
-        if process.returncode not in (0, -signal.SIGTERM):
-            print(f"--- {name} log ({log}) ---\n{log.read_text()[-4000:]}")
+        if failed or process.returncode not in (0, -signal.SIGTERM):
+            print(
+                f"\n--- {name} (pid {process.pid}, exit {process.returncode}) log {log} ---\n"
+                f"{log_tail(process)}"
+            )
 
 
-def stop(process: subprocess.Popen, timeout: float = 30) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def stop(process: subprocess.Popen, timeout: float | None = None) -> None:
+    """SIGTERM the child itself, wait up to *timeout*, then SIGKILL its process group.
+
+    Whatever the child left behind in its group (a worker that outlived its parent) is
+    killed too, so no test leaves a process running.
+    """
+    timeout = STOP_TIMEOUT if timeout is None else timeout
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"\n{process.args} did not exit {timeout:.0f}s after SIGTERM: SIGKILL")
+    _kill_group(process.pid)
+    process.wait()
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def qcluster(
+    name: str = "qcluster", log: Path | None = None, log_level: str = "INFO", **env: str
+) -> Iterator[subprocess.Popen]:
+    """A real ``qcluster`` on the test database (tests/settings.py ``Q_CLUSTER``).
+
+    The settings are those of tests/settings.py except that the cluster's log goes to the
+    child's output (``process.log_path``); see :func:`log_problems`.
+    """
+    code = f"from tests.procs import run_qcluster; run_qcluster({log_level!r})"
+    with running(["-c", code], name, log=log, **env) as process:
+        yield process
+
+
+#: Lines of a cluster log that mean something went wrong underneath the tasks.
+PROBLEMS = ("Traceback", "ERROR", "CRITICAL", "database is locked", "deadlock")
+
+
+def log_problems(process: subprocess.Popen) -> list[str]:
+    """The lines of *process*'s log that report an error (empty when all went well)."""
+    path = getattr(process, "log_path", None)
+    if path is None or not Path(path).exists():
+        return []
+    lines = Path(path).read_text(errors="replace").splitlines()
+    return [line for line in lines if any(word in line for word in PROBLEMS)]
 
 
 def wait_until(
     predicate: Callable[[], bool],
     timeout: float,
-    describe: Callable[[], Any] = lambda: "",
     interval: float = 0.05,
-) -> None:
-    """Poll *predicate* until it holds; fail with the last observed state at *timeout*."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
+    *,
+    describe: Callable[[], Any] | None = None,
+    watch: Iterable[subprocess.Popen] = (),
+    check: Callable[[], None] | None = None,
+) -> float:
+    """Poll *predicate* until it holds; return the seconds it took.
+
+    Fails with the last observed state (``describe()``) when *timeout* passes, at once
+    when a process in *watch* has exited (it was supposed to keep running), and at once
+    when *check* raises (for example: a queue task failed, nothing will change anymore).
+    """
+    watch = list(watch)
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        if predicate():
+            return time.monotonic() - started
+        if check is not None:
+            check()
+        for process in watch:
+            if process.poll() is not None:
+                raise AssertionError(
+                    f"{process.args} exited with {process.returncode} while waiting; "
+                    f"state: {describe() if describe else ''}\n{log_tail(process)}"
+                )
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout:.0f}s; state: {describe()}")
+            raise AssertionError(
+                f"condition not met within {timeout:.0f}s; last state: "
+                f"{describe() if describe else '(no description)'}"
+            )
         time.sleep(interval)
 
 
-def claim_until_empty(stream: str, start_file: str) -> None:
-    """Child process: wait for *start_file*, claim groups until none is left, print them.
+def queue_failures() -> list[str]:
+    """django-q2 tasks that raised in the cluster (saved as failures even with save=False).
 
-    Jobs are captured in memory, so only the claims themselves touch the database.
+    Our task functions always return normally after recording the outcome, so any
+    entry here is a bug or an infrastructure error (e.g. ``database is locked``).
+    """
+    from django_q.models import Failure
+
+    return [f"{task.func}{tuple(task.args or ())}: {task.result}" for task in Failure.objects.all()]
+
+
+def fail_on_queue_failures() -> None:
+    failures = queue_failures()
+    if failures:
+        raise AssertionError(
+            f"{len(failures)} django-q2 task(s) failed in the cluster:\n"
+            + "\n---\n".join(failures[:5])
+        )
+
+
+# -- child process bodies -------------------------------------------------------------
+
+
+def claim_until_empty(stream: str, start_file: str, wait_seconds: float = 300) -> None:
+    """Child process: wait for *start_file*, claim groups until a claim is empty, print them.
+
+    The process job of each claim is captured in memory (``transport.capture``), so only
+    the claims themselves touch the database. The last line printed is a JSON list of
+    ``[group_id, size]``. A worker whose start signal never comes exits with status 3.
     """
     import django
 
     django.setup()
+    from django.db import connection
+
     from django_outbox import transport
     from django_outbox.claim import claim_group
 
+    connection.ensure_connection()  # connect before the start, not during the race
     print("ready", flush=True)
+    deadline = time.monotonic() + wait_seconds
     while not os.path.exists(start_file):
-        time.sleep(0.005)
-    claimed = []
+        if time.monotonic() > deadline:
+            print("no start signal", flush=True)
+            sys.exit(3)
+        time.sleep(0.002)
+    claimed: list[list[Any]] = []
     with transport.capture():
         while True:
             result = claim_group(stream)
-            if not result.claimed_any:
+            if result.size == 0:
                 break
             claimed.append([str(result.group_id), result.size])
     print(json.dumps(claimed), flush=True)
+
+
+def run_qcluster(log_level: str) -> None:
+    """Child process: ``manage.py qcluster`` with django-q2's log written to stdout.
+
+    tests/settings.py silences the ``django-q`` logger; the cluster of a test logs to its
+    output instead, so a failing test shows what the cluster did and
+    :func:`log_problems` can look for errors that never reach a task's result.
+    """
+    import tests.settings as test_settings  # before Django reads it
+
+    test_settings.LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "line": {"format": "%(asctime)s %(processName)s %(levelname)s %(name)s %(message)s"}
+        },
+        "handlers": {
+            "out": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stdout",
+                "formatter": "line",
+            }
+        },
+        "loggers": {
+            name: {"handlers": ["out"], "level": log_level, "propagate": False}
+            for name in ("django-q", "django_outbox")
+        },
+    }
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["django", "qcluster"])

@@ -1,58 +1,285 @@
-"""Process tier: the pipeline through a real ``qcluster`` (django-q2, ORM broker)."""
+"""Process tier: the pipeline end to end through a real ``qcluster`` (django-q2, ORM broker).
+
+The cluster is a subprocess on the test database with the settings as they are in
+tests/settings.py (``override_settings`` does not reach a child). No django-q2 schedule
+exists in the test database, so the only distribute is the one a test makes: everything
+after it (claims, their successors, process jobs) is the cluster's own work.
+"""
 
 from __future__ import annotations
 
-import pytest
+import math
+import time
+from collections import Counter
 
+import pytest
+from django.db.models import Count
+from django.db.models.functions import Now
+from django_q.models import OrmQ, Schedule
+from django_q.tasks import async_task
+
+from django_outbox import publish_many, transport
+from django_outbox.conf import get_stream
 from django_outbox.distribute import distribute
-from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome
+from django_outbox.models import (
+    ArchivedEvent,
+    GroupState,
+    OutboxEvent,
+    OutboxGroup,
+    Outcome,
+    StreamState,
+)
 from marketing.models import ApiRequest, ContactActivity, ContactActivityEvent, Lead
-from tests.procs import running, wait_until
+from tests.procs import (
+    fail_on_queue_failures,
+    log_problems,
+    qcluster,
+    queue_failures,
+    wait_until,
+)
+from tests.testapp.models import HandledCall
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
-EVENTS = 2_000
-BATCH_SIZE = 100  # the marketing stream's BATCH_SIZE in tests/settings.py
+DEADLINE = 120  # seconds; a drain normally takes 2-20 (SQLite/PostgreSQL, idle/loaded)
 
 
-def backlog() -> dict[str, int]:
+def pipeline_state(stream: str, buffer_model) -> dict[str, object]:
+    """What the database says about *stream* right now (for waits and their failures)."""
+    state = StreamState.objects.filter(stream=stream).values("claims_in_flight").first()
     return {
-        "buffer": ContactActivityEvent.objects.count(),
-        "groups": OutboxGroup.objects.count(),
-        "archived": ArchivedEvent.objects.count(),
+        "unclaimed": buffer_model.objects.filter(group_id__isnull=True).count(),
+        "buffer": buffer_model.objects.count(),
+        "groups": dict(
+            OutboxGroup.objects.filter(stream=stream)
+            .values_list("state")
+            .annotate(n=Count("id"))
+            .order_by()
+        ),
+        "archived": ArchivedEvent.objects.filter(stream=stream).count(),
+        "queued_jobs": dict(queued_funcs()),
+        "claims_in_flight": state and state["claims_in_flight"],
+        "queue_failures": len(queue_failures()),
     }
 
 
-def test_one_distribute_drains_a_backlog_through_a_real_cluster():
+def drained(stream: str, buffer_model) -> bool:
+    """Buffer empty, no group left, no job queued or running, no claim counted in flight."""
+    return (
+        not buffer_model.objects.exists()
+        and not OutboxGroup.objects.filter(stream=stream).exists()
+        and not OrmQ.objects.exists()
+        and StreamState.objects.filter(stream=stream, claims_in_flight=0).exists()
+    )
+
+
+class Distributor:
+    """Calls distribute and counts the calls (the test asserts it called it once)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, stream: str):
+        self.calls += 1
+        return distribute(stream)
+
+
+def queued_funcs() -> Counter:
+    """The task functions waiting in the ORM broker's queue."""
+    from django_q.signing import SignedPackage
+
+    return Counter(SignedPackage.loads(row.payload)["func"] for row in OrmQ.objects.all())
+
+
+def assert_archived_once_done(stream: str, published: set[int]) -> list[tuple]:
+    archived = list(
+        ArchivedEvent.objects.filter(stream=stream).values_list(
+            "event_id", "outcome", "group_id", "attempts"
+        )
+    )
+    ids = Counter(event_id for event_id, *_ in archived)
+    duplicated = sorted(event_id for event_id, n in ids.items() if n > 1)
+    missing = published - set(ids)
+    unexpected = set(ids) - published
+    assert (len(missing), len(duplicated), len(unexpected)) == (0, 0, 0), (
+        f"missing {sorted(missing)[:20]}, archived twice {duplicated[:20]}, "
+        f"never published {sorted(unexpected)[:20]}"
+    )
+    assert Counter(outcome for _, outcome, *_ in archived) == {Outcome.DONE: len(published)}
+    return archived
+
+
+def test_one_distribute_drains_a_generic_backlog_through_claim_chains(tmp_path):
+    """2,000 events of ``audit`` (BATCH_SIZE 10): 200 groups, but one distribute only
+    starts MAX_BATCHES (50) claims; the claim chains take the other 150 groups."""
+    events, config = 2_000, get_stream("audit")
+    groups_expected = math.ceil(events / config.batch_size)
+    assert groups_expected > config.max_batches, "the backlog must outgrow one distribute"
+
+    publish_many("audit", ({"n": n} for n in range(events)))
+    published = set(OutboxEvent.objects.filter(stream="audit").values_list("id", flat=True))
+    assert len(published) == events
+    assert not Schedule.objects.exists(), "a schedule would distribute behind our back"
+
+    distributor = Distributor()
+    result = distributor("audit")
+    assert result.claims_enqueued == config.max_batches
+    assert queued_funcs() == {transport.CLAIM: config.max_batches}
+
+    started = time.monotonic()
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+        wait_until(
+            lambda: drained("audit", OutboxEvent),
+            timeout=DEADLINE,
+            describe=lambda: pipeline_state("audit", OutboxEvent),
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+        seconds = time.monotonic() - started
+    print(f"\nqcluster drained {events:,} audit events in {groups_expected} groups: {seconds:.1f}s")
+
+    assert distributor.calls == 1
+    assert queue_failures() == []
+    assert log_problems(cluster) == []
+    archived = assert_archived_once_done("audit", published)
+    assert {attempts for *_, attempts in archived} == {1}
+    # Exactly 200 full groups: only distribute's claims run concurrently and they never
+    # reach the tail of the backlog, where concurrent claims could split a batch.
+    group_sizes = Counter(group_id for _, _, group_id, _ in archived)
+    assert len(group_sizes) == groups_expected, f"group sizes: {Counter(group_sizes.values())}"
+    assert set(group_sizes.values()) == {config.batch_size}
+    # A claim job makes at most one group, and distribute enqueued 50 claims: the other
+    # 150 groups were claimed by chain successors, with no further distribute.
+
+    # One handler call per group, never one per event; each saw exactly its group.
+    calls = list(HandledCall.objects.values_list("group_id", "attempt", "event_ids"))
+    assert len(calls) == len(group_sizes)
+    members: dict = {}
+    for event_id, _, group_id, _ in archived:
+        members.setdefault(group_id, set()).add(event_id)
+    assert {group_id: set(event_ids) for group_id, _, event_ids in calls} == members
+    assert {attempt for _, attempt, _ in calls} == {1}
+
+
+def test_one_distribute_drains_a_custom_buffer_in_bulk_requests(tmp_path):
+    """6,000 marketing activities (BATCH_SIZE 100): 60 bulk API requests, not 6,000."""
+    events, config = 6_000, get_stream("marketing")
+    groups_expected = math.ceil(events / config.batch_size)
+    assert groups_expected > config.max_batches, "the backlog must outgrow one distribute"
+
     lead = Lead.objects.create(name="Ada", email="ada@example.com")
     activities = ContactActivity.objects.bulk_create(
-        ContactActivity(lead=lead, kind="call", comment=f"#{i}") for i in range(EVENTS)
+        (ContactActivity(lead=lead, kind="call", comment=f"#{n}") for n in range(events)),
+        batch_size=2_000,
+    )
+    ContactActivityEvent.objects.bulk_create(
+        (ContactActivityEvent(activity=activity) for activity in activities), batch_size=2_000
+    )
+    published = set(ContactActivityEvent.objects.values_list("id", flat=True))
+    assert len(published) == events
+    assert not Schedule.objects.exists()
+
+    distributor = Distributor()
+    result = distributor("marketing")
+    assert result.claims_enqueued == config.max_batches
+
+    started = time.monotonic()
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+        wait_until(
+            lambda: drained("marketing", ContactActivityEvent),
+            timeout=DEADLINE,
+            describe=lambda: pipeline_state("marketing", ContactActivityEvent),
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+        seconds = time.monotonic() - started
+    print(f"\nqcluster drained {events:,} marketing events: {seconds:.1f}s")
+
+    assert distributor.calls == 1
+    assert queue_failures() == []
+    assert log_problems(cluster) == []
+    archived = assert_archived_once_done("marketing", published)
+    group_sizes = Counter(group_id for _, _, group_id, _ in archived)
+    assert len(group_sizes) == groups_expected
+    # The fake API recorded one request per group, each carrying the whole group.
+    requests = list(ApiRequest.objects.values_list("size", "succeeded"))
+    assert len(requests) == len(group_sizes)
+    assert Counter(requests) == {(config.batch_size, True): groups_expected}
+
+
+def test_a_failed_group_is_retried_by_the_cluster_after_a_distribute(tmp_path):
+    """Rows the marketing API rejects (a lead without an email address) stay in their
+    group, which waits out its backoff; once the data is fixed, the next distribute
+    re-enqueues the group and the cluster finishes it on attempt 2."""
+    config = get_stream("marketing")
+    good = Lead.objects.create(name="Ada", email="ada@example.com")
+    bad = Lead.objects.create(name="Bob", email="")
+    # 250 rows, 100 of them (ids 100..199 in creation order) Bob's. Concurrent claims
+    # may split them over two or three groups (SKIP LOCKED interleaves): asserted per row.
+    activities = ContactActivity.objects.bulk_create(
+        ContactActivity(lead=bad if 100 <= n < 200 else good, kind="email") for n in range(250)
     )
     ContactActivityEvent.objects.bulk_create(
         ContactActivityEvent(activity=activity) for activity in activities
     )
     published = set(ContactActivityEvent.objects.values_list("id", flat=True))
-    assert len(published) == EVENTS
+    rejected = set(
+        ContactActivityEvent.objects.filter(activity__lead=bad).values_list("id", flat=True)
+    )
+    assert len(rejected) == 100
+    assert not Schedule.objects.exists()
 
-    result = distribute("marketing")  # the only distribute: claim chains do the rest
-    assert result.claims_enqueued >= 1
-
-    with running(["-m", "django", "qcluster"], "qcluster"):
+    distribute("marketing")
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+        # Attempt 1: the good rows are archived, the rejected ones wait in a retrying group.
         wait_until(
-            lambda: not ContactActivityEvent.objects.exists() and not OutboxGroup.objects.exists(),
-            timeout=120,
-            describe=backlog,
+            lambda: (
+                set(ContactActivityEvent.objects.values_list("id", flat=True)) == rejected
+                and OutboxGroup.objects.exists()
+                and OutboxGroup.objects.filter(state=GroupState.RETRYING).count()
+                == OutboxGroup.objects.count()
+                and not OrmQ.objects.exists()
+            ),
+            timeout=DEADLINE,
+            describe=lambda: pipeline_state("marketing", ContactActivityEvent),
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+        retrying = list(OutboxGroup.objects.values("id", "attempt", "size", "row_errors"))
+        assert sum(group["size"] for group in retrying) == len(rejected)
+        assert {group["attempt"] for group in retrying} == {1}
+        errors = {int(pk): err for group in retrying for pk, err in group["row_errors"].items()}
+        assert errors == dict.fromkeys(rejected, "lead has no email address")
+        first_requests = ApiRequest.objects.count()
+
+        Lead.objects.filter(pk=bad.pk).update(email="bob@example.com")
+        # The backoff is the database's business: wait until it says the group is due.
+        wait_until(
+            lambda: not OutboxGroup.objects.filter(next_attempt_at__gt=Now()).exists(),
+            timeout=config.backoff_seconds * 3 + DEADLINE,
+            interval=0.2,
+            describe=lambda: list(OutboxGroup.objects.values("state", "next_attempt_at")),
+            watch=[cluster],
+        )
+        # This time through the queue: the cluster runs distribute, which re-enqueues.
+        async_task(transport.DISTRIBUTE, "marketing", save=False)
+        wait_until(
+            lambda: drained("marketing", ContactActivityEvent),
+            timeout=DEADLINE,
+            describe=lambda: pipeline_state("marketing", ContactActivityEvent),
+            watch=[cluster],
+            check=fail_on_queue_failures,
         )
 
-    archived = list(
-        ArchivedEvent.objects.filter(stream="marketing").values_list("event_id", "outcome")
-    )
-    archived_ids = [event_id for event_id, _ in archived]
-    assert len(archived_ids) == len(set(archived_ids)), "an event was archived twice"
-    assert set(archived_ids) == published, "an event is missing from the archive"
-    assert {outcome for _, outcome in archived} == {Outcome.DONE}
-    groups = ArchivedEvent.objects.values("group_id").distinct().count()
-    assert groups == EVENTS // BATCH_SIZE
-    # One bulk request per group, never one per event.
-    assert ApiRequest.objects.count() == groups
-    assert set(ApiRequest.objects.values_list("size", flat=True)) == {BATCH_SIZE}
+    assert queue_failures() == []
+    assert log_problems(cluster) == []
+    archived = assert_archived_once_done("marketing", published)
+    attempts = {event_id: n for event_id, _, _, n in archived}
+    assert {attempts[pk] for pk in rejected} == {2}
+    assert {attempts[pk] for pk in published - rejected} == {1}
+    # One more request per retried group, carrying only the rows that had failed.
+    retried = list(ApiRequest.objects.order_by("id").values_list("size", flat=True))
+    assert sorted(retried[first_requests:]) == sorted(group["size"] for group in retrying)
+    assert ArchivedEvent.objects.filter(event_id__in=rejected).values(
+        "group_id"
+    ).distinct().count() == len(retrying)
