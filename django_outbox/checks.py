@@ -21,6 +21,7 @@ STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 POSITIVE_INT_OPTIONS = (
     "BATCH_SIZE",
     "MAX_BATCHES",
+    "CHAINS",
     "EVERY_MINUTES",
     "MAX_ATTEMPTS",
     "BACKOFF_SECONDS",

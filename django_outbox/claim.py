@@ -74,11 +74,10 @@ def claim_group(stream: str) -> ClaimResult:
 def run_claim_chain_link(stream: str) -> ClaimResult:
     """Claim one group, give back this claim's slot, and continue the chain if needed.
 
-    A full claim that leaves no other claim of the stream in flight enqueues its
-    successor, so a backlog drains at worker speed, not at the distribute schedule's
-    pace. While other claims are queued they cover the backlog that distribute counted,
-    and a successor of each would only find an empty buffer. The decision is made under
-    the stream's state-row lock, so exactly one claim continues the chain.
+    A full claim enqueues its successor while fewer than ``CHAINS`` claims of the stream
+    are left in flight, so a backlog drains at worker speed, not at the distribute
+    schedule's pace, without every claim of distribute's wave leaving an empty successor
+    behind. The decision is made under the stream's state-row lock.
     """
     result = claim_group(stream)
     continue_chain(stream, full=result.full)

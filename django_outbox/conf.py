@@ -27,6 +27,7 @@ STREAM_DEFAULTS: dict[str, Any] = {
     "MODEL": GENERIC_MODEL,
     "BATCH_SIZE": 1000,
     "MAX_BATCHES": 50,
+    "CHAINS": 4,
     "EVERY_MINUTES": 1,
     "MAX_ATTEMPTS": 8,
     "BACKOFF_SECONDS": 10,
@@ -53,6 +54,7 @@ class StreamConfig:
     model: str
     batch_size: int
     max_batches: int
+    chains: int
     every_minutes: int
     max_attempts: int
     backoff_seconds: int
@@ -73,6 +75,7 @@ class StreamConfig:
             model=merged["MODEL"],
             batch_size=merged["BATCH_SIZE"],
             max_batches=merged["MAX_BATCHES"],
+            chains=merged["CHAINS"],
             every_minutes=merged["EVERY_MINUTES"],
             max_attempts=merged["MAX_ATTEMPTS"],
             backoff_seconds=merged["BACKOFF_SECONDS"],

@@ -31,18 +31,20 @@ def set_paused(stream: str, paused: bool) -> None:
 
 
 def continue_chain(stream: str, *, full: bool) -> bool:
-    """Give back a finished claim's slot; enqueue a successor if it was the last and full.
+    """Give back a finished claim's slot; continue its chain if it was full and needed.
 
-    Returns whether the chain continues.
+    A full claim enqueues its successor while fewer than the stream's ``CHAINS`` claims
+    are left in flight: distribute's wave covers the backlog it counted, and up to
+    ``CHAINS`` chains carry on past it. Returns whether the chain continues.
     """
     alias = connection_for(StreamState).alias
     with transaction.atomic(using=alias):
         state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
         in_flight = max(state.claims_in_flight - 1, 0)
-        successor = full and in_flight == 0
+        successor = full and in_flight < get_stream(stream).chains
         if successor:
             transport.enqueue(transport.CLAIM, [(stream,)], cluster=get_stream(stream).cluster)
-            in_flight = 1
+            in_flight += 1
         StreamState.objects.filter(stream=stream).update(
             claims_in_flight=in_flight, claims_touched_at=Now()
         )

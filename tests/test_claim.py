@@ -103,14 +103,26 @@ def test_a_full_claim_continues_the_chain_and_a_short_one_ends_it():
 
 def test_a_full_claim_leaves_the_chain_to_the_claims_still_in_flight():
     publish_many("audit", [{"n": i} for i in range(30)])
-    StreamState.objects.create(stream="audit", claims_in_flight=2)
+    StreamState.objects.create(stream="audit", claims_in_flight=5)  # CHAINS is 4
 
     with transport.capture() as jobs:
         result = run_claim_chain_link("audit")
 
     assert result.full
     assert [j.func for j in jobs] == [transport.PROCESS]
-    assert StreamState.objects.get(stream="audit").claims_in_flight == 1
+    assert StreamState.objects.get(stream="audit").claims_in_flight == 4
+
+
+def test_up_to_chains_full_claims_carry_on_past_the_wave():
+    publish_many("audit", [{"n": i} for i in range(30)])
+    StreamState.objects.create(stream="audit", claims_in_flight=4)
+
+    with transport.capture() as jobs:
+        result = run_claim_chain_link("audit")
+
+    assert result.full
+    assert [j.func for j in jobs] == [transport.PROCESS, transport.CLAIM]
+    assert StreamState.objects.get(stream="audit").claims_in_flight == 4
 
 
 def test_claim_uses_a_constant_number_of_queries(django_assert_max_num_queries):

@@ -153,7 +153,9 @@ def test_run_one_round_processes_the_backlog_and_reports_it():
     # Distribute starts 3 claims (25 rows, batches of 10); the 2 full ones each chain one
     # more claim, which finds nothing left.
     assert output == (
-        "Claimed 25 rows in 3 claim jobs; processed 3 groups (done 3); "
+        # 3 claims from distribute; the 2 full ones continue their chains (CHAINS is 4),
+        # and each chain ends with a claim that finds nothing.
+        "Claimed 25 rows in 5 claim jobs; processed 3 groups (done 3); "
         "1 round(s), stopped: one round.\n"
     )
     assert OutboxEvent.objects.count() == 0
@@ -193,7 +195,9 @@ def test_run_until_empty_drains_a_backlog():
 
     # 10 claims take the 95 rows; the 9 full ones each chain a claim that finds nothing.
     assert output == (
-        "Claimed 95 rows in 10 claim jobs; processed 10 groups (done 10); "
+        # 10 claims from distribute; the last 3 full ones continue (fewer than CHAINS
+        # left in flight), and each of those chains ends with an empty claim.
+        "Claimed 95 rows in 13 claim jobs; processed 10 groups (done 10); "
         "1 round(s), stopped: empty.\n"
     )
     assert OutboxEvent.objects.count() == 0
