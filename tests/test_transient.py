@@ -127,3 +127,35 @@ def test_a_transactional_handler_whose_finalize_fails_leaves_no_database_effect(
     assert OutboxEvent.objects.filter(group_id=group_id).count() == 5
     assert not ArchivedEvent.objects.exists()
     assert "archive insert failed" in OutboxGroup.objects.get(pk=group_id).last_error
+
+
+@pytest.mark.postgres
+def test_a_connection_dropped_during_finalize_is_reopened_and_the_group_finishes():
+    import psycopg
+    from django.db import connection
+
+    group_id = claimed_group()
+    real = ops_class().archive_group
+    calls = []
+
+    def drop_then_archive(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            # Another session kills this one, as a failover or a restarted pooler would.
+            params = {
+                k: v
+                for k, v in connection.get_connection_params().items()
+                if k in ("dbname", "user", "password", "host", "port")
+            }
+            with psycopg.connect(**params, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid]
+                )
+        return real(self, *args, **kwargs)
+
+    with mock.patch.object(ops_class(), "archive_group", drop_then_archive):
+        assert process_group("audit", group_id) is ProcessOutcome.DONE
+
+    assert len(calls) == 2
+    assert ArchivedEvent.objects.count() == 5
+    assert not OutboxEvent.objects.exists() and not OutboxGroup.objects.exists()

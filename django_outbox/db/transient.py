@@ -19,7 +19,14 @@ logger = logging.getLogger("django_outbox")
 
 T = TypeVar("T")
 
-RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
+RETRYABLE_SQLSTATES = {
+    "40P01",  # deadlock_detected
+    "40001",  # serialization_failure
+    "57P01",  # admin_shutdown: the session was terminated (failover, pooler, operator)
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+}
+CONNECTION_EXCEPTION_CLASS = "08"  # connection_exception and its subclasses
 ATTEMPTS = 3
 
 
@@ -28,7 +35,8 @@ def is_transient(exc: BaseException, alias: str) -> bool:
     if not isinstance(exc, DatabaseError):
         return False
     cause = exc.__cause__ or exc
-    if getattr(cause, "sqlstate", None) in RETRYABLE_SQLSTATES:
+    sqlstate = getattr(cause, "sqlstate", None) or ""
+    if sqlstate in RETRYABLE_SQLSTATES or sqlstate.startswith(CONNECTION_EXCEPTION_CLASS):
         return True
     if isinstance(exc, OperationalError) and "database is locked" in str(exc):
         return True
