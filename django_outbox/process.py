@@ -30,7 +30,7 @@ from django.db.models.functions import Now
 
 from django_outbox.backoff import backoff_seconds
 from django_outbox.conf import StreamConfig, get_stream
-from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import buffer_ops, connection_for, start_attempt
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.models import GroupState, OutboxGroup, Outcome
@@ -125,24 +125,7 @@ def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
     ``None`` means a duplicate delivery, a group already running elsewhere, or a group
     that no longer exists: the job has nothing to do.
     """
-    with transaction.atomic(using=connection_for(OutboxGroup).alias):
-        group = (
-            OutboxGroup.objects.select_for_update()
-            .filter(id=group_id, stream=config.name, state=GroupState.CLAIMED)
-            .values("attempt")
-            .first()
-        )
-        if group is None:
-            return None
-        attempt = group["attempt"] + 1
-        OutboxGroup.objects.filter(id=group_id).update(
-            state=GroupState.RUNNING,
-            attempt=attempt,
-            lease_expires_at=Now() + timedelta(seconds=config.lease_seconds),
-            worker=worker_identity(),
-            updated_at=Now(),
-        )
-    return attempt
+    return start_attempt(group_id, config.name, config.lease_seconds, worker_identity())
 
 
 def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
@@ -188,7 +171,7 @@ def _run_transactional(batch: Batch) -> ProcessOutcome:
         with transaction.atomic(using=connection_for(OutboxGroup).alias):
             _lock_fenced(batch)
             result = _call_handler(batch)
-            return _finalize_locked(batch, result)
+            return _finalize_fenced(batch, result, locked=True)
     except LeaseLost:
         raise
     except Exception as exc:
@@ -210,17 +193,25 @@ def finalize(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
 
     def finalize_transaction() -> ProcessOutcome:
         with transaction.atomic(using=alias):
-            _lock_fenced(batch)
-            return _finalize_locked(batch, result)
+            return _finalize_fenced(batch, result, locked=False)
 
     return retry_transient(finalize_transaction, alias, what=f"finalize of {batch}")
 
 
-def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
+def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) -> ProcessOutcome:
+    """Finalize inside the caller's transaction; raise LeaseLost if the lease is gone.
+
+    When every row is done, deleting the group row, fenced by attempt and state, is the
+    fence itself; otherwise the group row is locked first (unless *locked* already).
+    """
     config = batch.config
-    failed = {
-        str(pk): str(err)[:ERROR_LIMIT] for pk, err in (result.failed if result else {}).items()
-    }
+    failures = result.failed if result else {}
+    failed = {str(pk): str(err)[:ERROR_LIMIT] for pk, err in failures.items()}
+    if not failed:
+        if not _fenced(batch.group_id, batch.attempt).delete()[0]:
+            raise LeaseLost(batch.group_id, batch.attempt)
+    elif not locked:
+        _lock_fenced(batch)
     ops = buffer_ops(batch.model)
     done = ops.archive_group(
         batch.group_id,
@@ -240,7 +231,6 @@ def _finalize_locked(batch: Batch, result: BatchResult | None) -> ProcessOutcome
             duration=time.monotonic() - batch.started,
         )
     if not failed:
-        OutboxGroup.objects.filter(id=batch.group_id).delete()
         return ProcessOutcome.DONE
     remaining = batch.model._default_manager.filter(group_id=batch.group_id).count()
     if remaining == 0:

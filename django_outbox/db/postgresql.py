@@ -13,6 +13,11 @@ from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
 NOW_SQL = "statement_timestamp()"
 
 
+def seconds_from_now(seconds: float) -> tuple[str, list[object]]:
+    """SQL for the database's time *seconds* from now, and its parameters."""
+    return f"{NOW_SQL} + %s * interval '1 second'", [seconds]
+
+
 class PostgresBufferOps(BufferOps):
     skip_locked = True
 

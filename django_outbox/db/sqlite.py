@@ -17,6 +17,11 @@ from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
 NOW_SQL = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 
 
+def seconds_from_now(seconds: float) -> tuple[str, list[object]]:
+    """SQL for the database's time *seconds* from now, and its parameters."""
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)", [f"+{seconds} seconds"]
+
+
 class SQLiteBufferOps(BufferOps):
     skip_locked = False
 
