@@ -7,9 +7,17 @@ a ``postgres://`` URL means the PostgreSQL tier. ``python3 dev.py test`` runs bo
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import dj_database_url
+
+# The example project's apps (``marketing``) are part of the test suite; make them
+# importable however Django is started (pytest, ``python -m django … --settings``).
+_EXAMPLE_PROJECT = str(Path(__file__).resolve().parent.parent / "example_project")
+if _EXAMPLE_PROJECT not in sys.path:
+    sys.path.append(_EXAMPLE_PROJECT)
 
 SECRET_KEY = "django-outbox-tests"
 DEBUG = False
