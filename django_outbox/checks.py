@@ -1,7 +1,8 @@
 """System checks for the ``DJANGO_OUTBOX`` setting and the django-q2 cluster it runs on.
 
 Ids are stable and grouped: E00x the settings' shape, E01x handlers, E02x buffer
-models, E03x option values, E04x django-q2, W00x warnings.
+models, E03x option values, E04x django-q2, E05x the ``STAGING`` and ``IDEMPOTENCY``
+sections, W00x warnings.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from django_outbox.conf import GLOBAL_DEFAULTS, SETTING_NAME, STREAM_DEFAULTS
+from django_outbox.conf import (
+    GLOBAL_DEFAULTS,
+    IDEMPOTENCY_DEFAULTS,
+    SETTING_NAME,
+    STAGING_DEFAULTS,
+    STREAM_DEFAULTS,
+)
 
 STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 POSITIVE_INT_OPTIONS = (
@@ -66,6 +73,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_outbox.E034",
             )
         )
+    every = raw.get("PRUNE_EVERY_MINUTES", GLOBAL_DEFAULTS["PRUNE_EVERY_MINUTES"])
+    if not _is_positive_int(every):
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['PRUNE_EVERY_MINUTES'] must be a positive integer, not {every!r}.",
+                hint="Give the minutes between two runs of the prune schedule, for example "
+                "1440 (daily).",
+                id="django_outbox.E035",
+            )
+        )
+    errors.extend(_check_staging(raw.get("STAGING", {})))
+    errors.extend(_check_section("IDEMPOTENCY", raw.get("IDEMPOTENCY", {}), IDEMPOTENCY_DEFAULTS))
     streams = raw.get("STREAMS", {})
     if not isinstance(streams, dict):
         errors.append(
@@ -162,6 +181,98 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             )
         )
     errors.extend(_check_cluster(name, where, merged))
+    return errors
+
+
+SECTION_INT_OPTIONS = ("BATCH_SIZE", "EVERY_MINUTES", "DRAIN_SECONDS", "RETENTION_DAYS")
+SECTION_BOOL_OPTIONS = ("FORWARD_ON_COMMIT",)
+
+
+def _check_section(section: str, options: Any, defaults: dict[str, Any]) -> list[CheckMessage]:
+    """Shape, unknown keys, integers and booleans of a ``STAGING``-like section."""
+    where = f"{SETTING_NAME}[{section!r}]"
+    if not isinstance(options, dict):
+        return [
+            Error(
+                f"{where} must be a dict of options, not {type(options).__name__}.",
+                hint=f"Known options: {', '.join(sorted(defaults))}.",
+                id="django_outbox.E050",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        errors.append(
+            Error(
+                f"{where} has unknown options: {', '.join(unknown)}.",
+                hint=f"Known options: {', '.join(sorted(defaults))}.",
+                id="django_outbox.E051",
+            )
+        )
+    merged = {**defaults, **options}
+    for option in SECTION_INT_OPTIONS:
+        if option in merged and not _is_positive_int(merged[option]):
+            errors.append(
+                Error(
+                    f"{where}['{option}'] must be a positive integer, not {merged[option]!r}.",
+                    hint=f"Remove it to use the default ({defaults[option]}) or give a whole "
+                    "number greater than 0.",
+                    id="django_outbox.E052",
+                )
+            )
+    for option in SECTION_BOOL_OPTIONS:
+        if option in merged and not isinstance(merged[option], bool):
+            errors.append(
+                Error(
+                    f"{where}['{option}'] must be True or False, not {merged[option]!r}.",
+                    hint=f"Remove it to use the default ({defaults[option]}).",
+                    id="django_outbox.E053",
+                )
+            )
+    return errors
+
+
+def _check_staging(options: Any) -> list[CheckMessage]:
+    errors = _check_section("STAGING", options, STAGING_DEFAULTS)
+    if not isinstance(options, dict):
+        return errors
+    where = f"{SETTING_NAME}['STAGING']"
+    allowed = options.get("ALLOWED_MODULES", [])
+    if not isinstance(allowed, (list, tuple)) or not all(
+        isinstance(prefix, str) and prefix.strip(".") for prefix in allowed
+    ):
+        errors.append(
+            Error(
+                f"{where}['ALLOWED_MODULES'] must be a list of module paths, not {allowed!r}.",
+                hint="List the modules whose functions may be staged, for example "
+                '["shop.tasks", "billing.jobs"].',
+                id="django_outbox.E054",
+            )
+        )
+    merged = {**STAGING_DEFAULTS, **options}
+    cluster = merged["CLUSTER"]
+    if cluster is not None and not (isinstance(cluster, str) and cluster):
+        errors.append(
+            Error(
+                f"{where}['CLUSTER'] must be a django-q2 cluster name or None, not {cluster!r}.",
+                hint="Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
+                id="django_outbox.E055",
+            )
+        )
+        return errors
+    cluster_options = _cluster_options(cluster)
+    timeout = (cluster_options or {}).get("timeout")
+    budget = merged["DRAIN_SECONDS"]
+    if isinstance(timeout, (int, float)) and _is_positive_int(budget) and budget >= timeout:
+        errors.append(
+            Error(
+                f"{where}['DRAIN_SECONDS'] ({budget}) is not below the django-q2 timeout "
+                f"({timeout}) of the cluster that runs the drain schedule.",
+                hint="Lower DRAIN_SECONDS, or raise the cluster's timeout: the scheduled drain "
+                "must end before django-q2 kills it.",
+                id="django_outbox.E056",
+            )
+        )
     return errors
 
 

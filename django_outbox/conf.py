@@ -39,9 +39,25 @@ STREAM_DEFAULTS: dict[str, Any] = {
     "ON_EXHAUSTED": None,
 }
 
+STAGING_DEFAULTS: dict[str, Any] = {
+    "ALLOWED_MODULES": [],
+    "BATCH_SIZE": 500,
+    "EVERY_MINUTES": 1,
+    "DRAIN_SECONDS": 30,
+    "FORWARD_ON_COMMIT": True,
+    "CLUSTER": None,
+}
+
+IDEMPOTENCY_DEFAULTS: dict[str, Any] = {
+    "RETENTION_DAYS": 7,
+}
+
 GLOBAL_DEFAULTS: dict[str, Any] = {
     "STREAMS": {},
     "ARCHIVE_RETENTION_DAYS": 30,
+    "STAGING": {},
+    "IDEMPOTENCY": {},
+    "PRUNE_EVERY_MINUTES": 1440,
 }
 
 
@@ -110,9 +126,61 @@ class StreamConfig:
 
 
 @dataclass(frozen=True)
+class StagingConfig:
+    """Options of staged jobs (``DJANGO_OUTBOX["STAGING"]``)."""
+
+    allowed_modules: tuple[str, ...]
+    batch_size: int
+    every_minutes: int
+    drain_seconds: int
+    forward_on_commit: bool
+    cluster: str | None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> StagingConfig:
+        merged = {**STAGING_DEFAULTS, **options}
+        allowed = merged["ALLOWED_MODULES"]
+        return cls(
+            allowed_modules=tuple(allowed) if isinstance(allowed, (list, tuple)) else (),
+            batch_size=merged["BATCH_SIZE"],
+            every_minutes=merged["EVERY_MINUTES"],
+            drain_seconds=merged["DRAIN_SECONDS"],
+            forward_on_commit=merged["FORWARD_ON_COMMIT"],
+            cluster=merged["CLUSTER"],
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Staging is in use once a module is allowed to receive staged jobs."""
+        return bool(self.allowed_modules)
+
+    def allows(self, path: str) -> bool:
+        """Whether the task at dotted *path* lies under one of the allowed modules."""
+        return any(
+            path == prefix or path.startswith(prefix.rstrip(".") + ".")
+            for prefix in self.allowed_modules
+        )
+
+
+@dataclass(frozen=True)
+class IdempotencyConfig:
+    """Options of idempotency keys (``DJANGO_OUTBOX["IDEMPOTENCY"]``)."""
+
+    retention_days: int
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> IdempotencyConfig:
+        merged = {**IDEMPOTENCY_DEFAULTS, **options}
+        return cls(retention_days=merged["RETENTION_DAYS"])
+
+
+@dataclass(frozen=True)
 class OutboxSettings:
     streams: dict[str, StreamConfig]
     archive_retention_days: int
+    staging: StagingConfig
+    idempotency: IdempotencyConfig
+    prune_every_minutes: int
     raw: dict[str, Any]
 
     def stream(self, name: str) -> StreamConfig:
@@ -138,8 +206,15 @@ def outbox_settings() -> OutboxSettings:
     return OutboxSettings(
         streams=streams,
         archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
+        staging=StagingConfig.from_options(_as_dict(merged["STAGING"])),
+        idempotency=IdempotencyConfig.from_options(_as_dict(merged["IDEMPOTENCY"])),
+        prune_every_minutes=merged["PRUNE_EVERY_MINUTES"],
         raw=raw,
     )
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 @functools.cache

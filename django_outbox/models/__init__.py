@@ -3,14 +3,18 @@
 from django_outbox.models.archive import ArchivedEvent, Outcome
 from django_outbox.models.buffer import BufferEvent, OutboxEvent
 from django_outbox.models.groups import GroupState, OutboxGroup
+from django_outbox.models.keys import IdempotencyKey
+from django_outbox.models.staged import StagedJob
 from django_outbox.models.state import StreamState
 
 __all__ = [
     "ArchivedEvent",
     "BufferEvent",
     "GroupState",
+    "IdempotencyKey",
     "OutboxEvent",
     "OutboxGroup",
     "Outcome",
+    "StagedJob",
     "StreamState",
 ]
