@@ -108,7 +108,8 @@ def test_unknown_top_level_key_is_e002():
             (
                 "django_outbox.E002",
                 "DJANGO_OUTBOX has unknown keys: BATCH_SIZE, STREAM.",
-                "Known keys: ARCHIVE_RETENTION_DAYS, STREAMS.",
+                "Known keys: ARCHIVE_RETENTION_DAYS, IDEMPOTENCY, PRUNE_EVERY_MINUTES, STAGING, "
+                "STREAMS.",
             )
         ]
 
@@ -650,3 +651,125 @@ def test_on_exhausted_must_be_an_importable_callable(hook, check_id, message):
     with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
         messages = [m for m in run_checks() if m.id.startswith("django_outbox")]
     assert [(m.id, m.msg) for m in messages] == [(check_id, message)]
+
+
+@pytest.mark.parametrize("value", [0, -1, "daily", 1.5, True])
+def test_prune_interval_that_is_not_a_positive_integer_is_e035(value):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "PRUNE_EVERY_MINUTES": value}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E035",
+                f"DJANGO_OUTBOX['PRUNE_EVERY_MINUTES'] must be a positive integer, not {value!r}.",
+                "Give the minutes between two runs of the prune schedule, for example "
+                "1440 (daily).",
+            )
+        ]
+
+
+@pytest.mark.parametrize("section", ["STAGING", "IDEMPOTENCY"])
+def test_section_that_is_not_a_dict_is_e050(section):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), section: ["x"]}):
+        [(check_id, msg, _hint)] = outbox_messages()
+    assert (check_id, msg) == (
+        "django_outbox.E050",
+        f"DJANGO_OUTBOX['{section}'] must be a dict of options, not list.",
+    )
+
+
+def test_unknown_staging_option_is_e051():
+    staging = {"ALLOWED_MODULES": ["tests"], "BATCH": 5}
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "STAGING": staging}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E051",
+                "DJANGO_OUTBOX['STAGING'] has unknown options: BATCH.",
+                "Known options: ALLOWED_MODULES, BATCH_SIZE, CLUSTER, DRAIN_SECONDS, "
+                "EVERY_MINUTES, FORWARD_ON_COMMIT.",
+            )
+        ]
+
+
+@pytest.mark.parametrize(
+    ("section", "option", "value"),
+    [
+        ("STAGING", "BATCH_SIZE", 0),
+        ("STAGING", "EVERY_MINUTES", "1"),
+        ("STAGING", "DRAIN_SECONDS", -5),
+        ("IDEMPOTENCY", "RETENTION_DAYS", 0),
+        ("IDEMPOTENCY", "RETENTION_DAYS", 2.5),
+    ],
+)
+def test_section_integer_that_is_not_positive_is_e052(section, option, value):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), section: {option: value}}):
+        [(check_id, msg, hint)] = outbox_messages()
+    assert check_id == "django_outbox.E052"
+    assert (
+        msg == f"DJANGO_OUTBOX['{section}']['{option}'] must be a positive integer, not {value!r}."
+    )
+    assert hint.startswith("Remove it to use the default (")
+
+
+def test_forward_on_commit_that_is_not_a_boolean_is_e053():
+    staging = {"FORWARD_ON_COMMIT": "yes"}
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "STAGING": staging}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E053",
+                "DJANGO_OUTBOX['STAGING']['FORWARD_ON_COMMIT'] must be True or False, not 'yes'.",
+                "Remove it to use the default (True).",
+            )
+        ]
+
+
+@pytest.mark.parametrize("value", ["shop.tasks", ["shop.tasks", ""], [3], ["."]])
+def test_allowed_modules_that_are_not_module_paths_are_e054(value):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "STAGING": {"ALLOWED_MODULES": value}}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E054",
+                "DJANGO_OUTBOX['STAGING']['ALLOWED_MODULES'] must be a list of module paths, "
+                f"not {value!r}.",
+                "List the modules whose functions may be staged, for example "
+                '["shop.tasks", "billing.jobs"].',
+            )
+        ]
+
+
+def test_staging_cluster_that_is_not_a_name_is_e055():
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "STAGING": {"CLUSTER": 5}}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E055",
+                "DJANGO_OUTBOX['STAGING']['CLUSTER'] must be a django-q2 cluster name or None, "
+                "not 5.",
+                "Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
+            )
+        ]
+
+
+def test_drain_budget_not_below_the_cluster_timeout_is_e056():
+    staging = {"DRAIN_SECONDS": 60}
+    with override_settings(
+        DJANGO_OUTBOX={**one_stream(), "STAGING": staging},
+        Q_CLUSTER=q_cluster(timeout=60, retry=90),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E056",
+                "DJANGO_OUTBOX['STAGING']['DRAIN_SECONDS'] (60) is not below the django-q2 "
+                "timeout (60) of the cluster that runs the drain schedule.",
+                "Lower DRAIN_SECONDS, or raise the cluster's timeout: the scheduled drain "
+                "must end before django-q2 kills it.",
+            )
+        ]
+
+
+def test_valid_staging_and_idempotency_sections_pass():
+    outbox = {
+        **one_stream(),
+        "STAGING": {"ALLOWED_MODULES": ["tests.testapp"], "DRAIN_SECONDS": 20},
+        "IDEMPOTENCY": {"RETENTION_DAYS": 3},
+        "PRUNE_EVERY_MINUTES": 60,
+    }
+    with override_settings(DJANGO_OUTBOX=outbox):
+        assert outbox_messages() == []
