@@ -35,7 +35,10 @@ INSTALLED_APPS = [
     "django_q",
     "django_outbox",
     "marketing",
+    "payments",
+    "blogs",
     "tests.testapp",
+    "tests.uniqueapp",
 ]
 
 MIDDLEWARE = [

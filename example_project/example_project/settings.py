@@ -28,6 +28,8 @@ INSTALLED_APPS = [
     "django_q",
     "django_outbox",
     "marketing",
+    "payments",
+    "blogs",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -1,0 +1,1 @@
+"""Unique-job kinds used by the tests."""
