@@ -42,3 +42,7 @@ class LeaseLost(OutboxError):
             f"Lease of group {group_id} (attempt {attempt}) is lost: another worker took it "
             "over or it was finalized. This worker must stop without side effects."
         )
+
+
+class StagingError(OutboxError, ValueError):
+    """A job that cannot be staged: a function outside the allow-list, or non-JSON input."""

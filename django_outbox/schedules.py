@@ -2,6 +2,8 @@
 
 Each stream gets one schedule, ``django_outbox:distribute:<stream>``, running
 ``django_outbox.tasks.distribute`` every ``EVERY_MINUTES`` on the stream's cluster.
+``django_outbox:drain`` forwards staged jobs (when ``STAGING["ALLOWED_MODULES"]`` is
+set) and ``django_outbox:prune`` deletes what outlived its retention.
 Schedules whose name starts with ``django_outbox:`` and that the settings no longer
 ask for are removed; other schedules are never touched.
 """
@@ -51,8 +53,13 @@ class ScheduleChange:
         return f"{self.action} {self.name}" + (f" ({self.detail})" if self.detail else "")
 
 
+DRAIN_STAGED = "django_outbox.tasks.drain_staged"
+PRUNE = "django_outbox.tasks.prune"
+
+
 def desired_schedules() -> list[ScheduleSpec]:
-    return [
+    config = outbox_settings()
+    specs = [
         ScheduleSpec(
             name=f"{PREFIX}distribute:{stream.name}",
             func=transport.DISTRIBUTE,
@@ -60,8 +67,28 @@ def desired_schedules() -> list[ScheduleSpec]:
             minutes=stream.every_minutes,
             cluster=stream.cluster,
         )
-        for stream in outbox_settings().streams.values()
+        for stream in config.streams.values()
     ]
+    if config.staging.enabled:
+        specs.append(
+            ScheduleSpec(
+                name=f"{PREFIX}drain",
+                func=DRAIN_STAGED,
+                args="()",
+                minutes=config.staging.every_minutes,
+                cluster=config.staging.cluster,
+            )
+        )
+    specs.append(
+        ScheduleSpec(
+            name=f"{PREFIX}prune",
+            func=PRUNE,
+            args="()",
+            minutes=config.prune_every_minutes,
+            cluster=None,
+        )
+    )
+    return specs
 
 
 def sync_schedules(*, apply: bool = True) -> list[ScheduleChange]:

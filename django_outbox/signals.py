@@ -13,7 +13,10 @@ Every signal is sent with ``sender`` = the stream name and these keyword argumen
 ``rows_replayed``
     ``stream``, ``rows`` (re-published into the buffer).
 
-Payloads are never part of a signal.
+``staged_jobs_forwarded`` is sent with ``sender`` = ``"django_outbox.staged"`` and
+``count`` (jobs handed to django-q2), ``duration`` (seconds of the batch).
+
+Payloads and job arguments are never part of a signal.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ group_processed = Signal()
 group_failed = Signal()
 group_exhausted = Signal()
 rows_replayed = Signal()
+staged_jobs_forwarded = Signal()
 
 
 def send_on_commit(signal: Signal, stream: str, using: str | None = None, **kwargs: Any) -> None:

@@ -28,3 +28,24 @@ def claim(stream: str) -> int:
 def process(stream: str, group_id: str) -> str:
     """Process one group of *stream*."""
     return process_group(stream, group_id).value
+
+
+def drain_staged() -> dict[str, Any]:
+    """Forward staged jobs until none is due or ``STAGING["DRAIN_SECONDS"]`` ran out."""
+    from django_outbox.staging import drain_until_empty
+
+    return vars(drain_until_empty())
+
+
+def run_staged(key: str, func: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a forwarded staged job behind its idempotency guard."""
+    from django_outbox.staging import run_staged as run
+
+    return run(key, func, args, kwargs)
+
+
+def prune() -> list[dict[str, Any]]:
+    """Delete what has outlived its retention (``manage.py outbox_prune``)."""
+    from django_outbox.prune import prune_all
+
+    return [vars(result) for result in prune_all()]

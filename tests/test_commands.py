@@ -286,17 +286,34 @@ def distribute_schedule(stream: str, minutes: int = 1, cluster: str | None = Non
     )
 
 
-def test_schedules_creates_one_distribute_schedule_per_stream():
+DRAIN_SCHEDULE = ("django_outbox.tasks.drain_staged", "()", None, Schedule.MINUTES, 1, -1, None)
+PRUNE_SCHEDULE = ("django_outbox.tasks.prune", "()", None, Schedule.MINUTES, 1440, -1, None)
+
+
+def test_schedules_creates_distribute_per_stream_drain_and_prune():
     output = run("outbox_schedules")
 
     assert output == (
         "create django_outbox:distribute:marketing (every 1 min)\n"
         "create django_outbox:distribute:audit (every 1 min)\n"
+        "create django_outbox:drain (every 1 min)\n"
+        "create django_outbox:prune (every 1440 min)\n"
     )
     assert schedules() == {
         "django_outbox:distribute:audit": distribute_schedule("audit"),
         "django_outbox:distribute:marketing": distribute_schedule("marketing"),
+        "django_outbox:drain": DRAIN_SCHEDULE,
+        "django_outbox:prune": PRUNE_SCHEDULE,
     }
+
+
+def test_no_drain_schedule_while_staging_allows_no_module():
+    without_staging = {k: v for k, v in settings.DJANGO_OUTBOX.items() if k != "STAGING"}
+    with override_settings(DJANGO_OUTBOX={**without_staging, "PRUNE_EVERY_MINUTES": 60}):
+        run("outbox_schedules")
+
+    assert "django_outbox:drain" not in schedules()
+    assert schedules()["django_outbox:prune"] == (*PRUNE_SCHEDULE[:4], 60, *PRUNE_SCHEDULE[5:])
 
 
 def test_schedules_twice_changes_nothing():
@@ -326,6 +343,8 @@ def test_schedules_follow_every_minutes_and_cluster_from_the_settings():
     assert schedules() == {
         "django_outbox:distribute:audit": distribute_schedule("audit", 5, "slow"),
         "django_outbox:distribute:marketing": distribute_schedule("marketing"),
+        "django_outbox:drain": DRAIN_SCHEDULE,
+        "django_outbox:prune": PRUNE_SCHEDULE,
     }
     assert dict(Schedule.objects.values_list("name", "pk")) == pks
 
@@ -366,10 +385,12 @@ def test_schedules_delete_outbox_schedules_no_longer_configured_and_keep_the_use
 
     assert output == (
         "delete django_outbox:distribute:marketing (not in settings)\n"
+        "delete django_outbox:drain (not in settings)\n"
         "delete django_outbox:distribute:legacy (not in settings)\n"
     )
     assert set(Schedule.objects.values_list("pk", flat=True)) == {
         Schedule.objects.get(name="django_outbox:distribute:audit").pk,
+        Schedule.objects.get(name="django_outbox:prune").pk,
         own.pk,
         unnamed.pk,
     }
@@ -400,8 +421,10 @@ def test_schedules_check_reports_drift_changes_nothing_and_exits_1():
     assert out.getvalue() == (
         "would create django_outbox:distribute:marketing (every 1 min)\n"
         "would create django_outbox:distribute:audit (every 1 min)\n"
+        "would create django_outbox:drain (every 1 min)\n"
+        "would create django_outbox:prune (every 1440 min)\n"
     )
-    assert err.getvalue() == "2 schedule(s) drifted from the settings.\n"
+    assert err.getvalue() == "4 schedule(s) drifted from the settings.\n"
     assert list(Schedule.objects.values_list("pk", flat=True)) == [own.pk]
 
 

@@ -22,6 +22,7 @@ class Migration(migrations.Migration):
                 ('idempotency_key', models.CharField(blank=True, default='', help_text="When set, the job's effect happens once per key, however often it runs.", max_length=255)),
                 ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ('run_after', models.DateTimeField(blank=True, help_text='Not forwarded before this time (database clock).', null=True)),
+                ('last_error', models.TextField(blank=True, default='', help_text='Why the drainer could not forward this job; it stays here until fixed.')),
             ],
             options={
                 'verbose_name': 'staged job',

@@ -31,6 +31,11 @@ class StagedJob(models.Model):
     run_after = models.DateTimeField(
         null=True, blank=True, help_text="Not forwarded before this time (database clock)."
     )
+    last_error = models.TextField(
+        blank=True,
+        default="",
+        help_text="Why the drainer could not forward this job; it stays here until fixed.",
+    )
 
     class Meta:
         verbose_name = "staged job"

@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -5,3 +7,11 @@ class TestAppConfig(AppConfig):
     name = "tests.testapp"
     label = "testapp"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        if os.environ.get("OUTBOX_TEST_STALL_ENQUEUE"):
+            from django_q.signals import pre_enqueue
+
+            from tests.testapp.jobs import stall_before_enqueue
+
+            pre_enqueue.connect(stall_before_enqueue, dispatch_uid="outbox-test-stall")

@@ -13,3 +13,14 @@ class HandledCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream} {self.group_id} attempt {self.attempt}"
+
+
+class JobEffect(models.Model):
+    """One run of a staged test job: the effect the tests count."""
+
+    label = models.CharField(max_length=100)
+    value = models.JSONField(null=True)
+    ran_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.label

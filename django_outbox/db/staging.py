@@ -1,0 +1,155 @@
+"""SQL of staged jobs: one INSERT to stage, one DELETE … RETURNING to take a batch.
+
+The same statements serve PostgreSQL and SQLite; only the clock expression and the
+``SKIP LOCKED`` clause (PostgreSQL: concurrent drainers take disjoint rows; SQLite:
+writers are serialized by the database lock) differ.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from django_outbox.db import _vendor, connection_for
+
+COLUMNS = (
+    "id",
+    "func",
+    "args",
+    "kwargs",
+    "q_options",
+    "idempotency_key",
+    "created_at",
+    "run_after",
+)
+
+
+@dataclass(frozen=True)
+class TakenJob:
+    """A staged row as the drainer took it from the table."""
+
+    id: int
+    func: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    q_options: dict[str, Any]
+    idempotency_key: str
+    created_at: datetime
+    run_after: datetime | None
+
+
+def _model():
+    from django_outbox.models import StagedJob
+
+    return StagedJob
+
+
+def insert(
+    func: str,
+    args_json: str,
+    kwargs_json: str,
+    options_json: str,
+    idempotency_key: str,
+    run_after: datetime | None,
+) -> int:
+    """Insert one staged job in the current transaction; return its id."""
+    model = _model()
+    connection = connection_for(model)
+    vendor = _vendor(connection)
+    table = connection.ops.quote_name(model._meta.db_table)
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    run_after_value = (
+        model._meta.get_field("run_after").get_db_prep_value(run_after, connection)
+        if run_after is not None
+        else None
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (func, args, kwargs, q_options, idempotency_key, "
+            f"created_at, run_after, last_error) VALUES (%s, %s{cast}, %s{cast}, %s{cast}, "
+            f"%s, {vendor.NOW_SQL}, %s, '') RETURNING id",
+            [func, args_json, kwargs_json, options_json, idempotency_key, run_after_value],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def take_due(limit: int, ids: Sequence[int] | None = None) -> list[TakenJob]:
+    """Delete up to *limit* due rows in id order and return them, in one statement.
+
+    Rows another drainer holds are skipped (PostgreSQL), rows the drainer could not
+    forward before (``last_error`` set) and rows not yet due are left alone. With *ids*,
+    only those rows are considered (the low-latency forward after a commit).
+    """
+    model = _model()
+    connection = connection_for(model)
+    vendor = _vendor(connection)
+    table = connection.ops.quote_name(model._meta.db_table)
+    postgres = connection.vendor == "postgresql"
+    params: list[Any] = []
+    only_ids = ""
+    if ids is not None:
+        if postgres:
+            only_ids = " AND id = ANY(%s)"
+            params.append(list(ids))
+        else:
+            only_ids = " AND id IN (SELECT value FROM json_each(%s))"
+            params.append(json.dumps(list(ids)))
+    params.append(limit)
+    lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} "
+            f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {vendor.NOW_SQL})"
+            f"{only_ids} ORDER BY id LIMIT %s{lock}) RETURNING {', '.join(COLUMNS)}",
+            params,
+        )
+        rows = cursor.fetchall()
+    return sorted((_taken(row) for row in rows), key=lambda job: job.id)
+
+
+def keep_with_error(job: TakenJob, error: str) -> None:
+    """Put a taken row back, unchanged but for *error*, so an operator can fix it."""
+    model = _model()
+    model.objects.using(connection_for(model).alias).create(
+        id=job.id,
+        func=job.func,
+        args=job.args,
+        kwargs=job.kwargs,
+        q_options=job.q_options,
+        idempotency_key=job.idempotency_key,
+        created_at=job.created_at,
+        run_after=job.run_after,
+        last_error=error,
+    )
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def _datetime(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+
+
+def _taken(row: Sequence[Any]) -> TakenJob:
+    id_, func, args, kwargs, options, key, created_at, run_after = row
+    return TakenJob(
+        id=int(id_),
+        func=func,
+        args=_json(args),
+        kwargs=_json(kwargs),
+        q_options=_json(options),
+        idempotency_key=key or "",
+        created_at=_datetime(created_at),
+        run_after=_datetime(run_after),
+    )

@@ -1,0 +1,331 @@
+"""Staged jobs: stage_task() in the caller's transaction, drained into django-q2."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+from django_outbox import staging, transport
+from django_outbox.exceptions import StagingError
+from django_outbox.models import StagedJob
+from django_outbox.signals import staged_jobs_forwarded
+from django_outbox.staging import drain, drain_until_empty, stage_task
+from tests.testapp import jobs
+from tests.testapp.models import JobEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RECORD = "tests.testapp.jobs.record"
+
+
+class Boom(Exception):
+    pass
+
+
+def queued() -> list[dict]:
+    """The django-q2 tasks in the ORM broker's queue, oldest first."""
+    return [SignedPackage.loads(row.payload) for row in OrmQ.objects.order_by("id")]
+
+
+def without_forward_on_commit():
+    outbox = dict(settings.DJANGO_OUTBOX)
+    outbox["STAGING"] = {**outbox["STAGING"], "FORWARD_ON_COMMIT": False}
+    return override_settings(DJANGO_OUTBOX=outbox)
+
+
+def test_a_job_staged_in_a_rolled_back_transaction_is_never_enqueued():
+    with pytest.raises(Boom), transaction.atomic():
+        stage_task(RECORD, "never")
+        raise Boom
+
+    assert drain().forwarded == 0
+    assert StagedJob.objects.count() == 0
+    assert OrmQ.objects.count() == 0
+
+
+def test_a_committed_job_is_forwarded_right_after_the_commit_once():
+    with transaction.atomic():
+        staged_id = stage_task(RECORD, "paid", {"order": 7})
+        assert OrmQ.objects.count() == 0  # nothing before the commit
+
+    [task] = queued()
+    assert (task["func"], task["args"], task["kwargs"]) == (RECORD, ("paid", {"order": 7}), {})
+    assert not StagedJob.objects.filter(pk=staged_id).exists()
+    assert drain().forwarded == 0  # the drainer finds nothing left to send twice
+
+
+def test_the_jobs_of_one_transaction_are_forwarded_together(django_assert_max_num_queries):
+    with transaction.atomic():
+        for n in range(20):
+            stage_task(RECORD, f"job-{n}")
+        staged = list(StagedJob.objects.values_list("id", flat=True))
+
+    assert [task["args"][0] for task in queued()] == [f"job-{n}" for n in range(20)]
+    assert StagedJob.objects.count() == 0
+    assert len(staged) == 20
+
+
+def test_without_forward_on_commit_the_drainer_forwards_in_id_order_in_bulk(
+    django_assert_max_num_queries,
+):
+    with without_forward_on_commit():
+        for n in range(50):
+            stage_task(RECORD, f"job-{n}")
+        assert StagedJob.objects.count() == 50
+
+        # BEGIN, DELETE ... RETURNING, one bulk INSERT into the queue, COMMIT
+        with django_assert_max_num_queries(4):
+            result = drain(limit=100)
+
+    assert (result.forwarded, result.kept) == (50, 0)
+    assert [task["args"][0] for task in queued()] == [f"job-{n}" for n in range(50)]
+    assert StagedJob.objects.count() == 0
+
+
+def test_drain_takes_at_most_one_batch_and_drain_until_empty_takes_all():
+    with without_forward_on_commit():
+        for n in range(25):
+            stage_task(RECORD, f"job-{n}")
+
+        assert drain(limit=10).forwarded == 10
+        report = drain_until_empty(limit=10)
+
+    assert (report.forwarded, report.batches, report.empty) == (15, 2, True)
+    assert len(queued()) == 25
+
+
+def test_a_delayed_job_waits_until_it_is_due():
+    staged_id = stage_task(RECORD, "later", run_after=timedelta(hours=1))
+
+    assert drain().forwarded == 0
+    assert StagedJob.objects.filter(pk=staged_id).exists()
+
+    StagedJob.objects.filter(pk=staged_id).update(run_after=timezone.now() - timedelta(seconds=1))
+    assert drain().forwarded == 1
+    assert [task["args"] for task in queued()] == [("later",)]
+
+
+def test_q_options_reach_django_q2_and_keyword_arguments_reach_the_task():
+    stage_task(
+        "tests.testapp.jobs.record_kwargs",
+        "opts",
+        colour="blue",
+        q_options={"timeout": 30, "group": "billing", "task_name": "nightly-bill", "save": False},
+    )
+
+    [task] = queued()
+    assert task["kwargs"] == {"colour": "blue"}
+    assert (task["timeout"], task["group"], task["name"], task["save"]) == (
+        30,
+        "billing",
+        "nightly-bill",
+        False,
+    )
+
+
+def test_a_staged_cluster_is_the_broker_queue_of_the_job():
+    alt = {**settings.Q_CLUSTER, "ALT_CLUSTERS": {"slow": {}}}
+    with override_settings(Q_CLUSTER=alt):
+        stage_task(RECORD, "slow", q_options={"cluster": "slow"})
+
+    assert list(OrmQ.objects.values_list("key", flat=True)) == ["slow"]
+
+
+def test_stage_task_accepts_the_function_itself():
+    stage_task(jobs.record, "by-reference")
+
+    assert [task["func"] for task in queued()] == [RECORD]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: stage_task("os.system", "rm -rf /"), "'os.system' is not in an allowed module"),
+        (lambda: stage_task("tests.testapp.jobs.missing"), "Cannot import the staged task"),
+        (lambda: stage_task("tests.testapp.jobs.NOT_CALLABLE"), "is not callable"),
+        (lambda: stage_task(RECORD, object()), "The arguments of a staged job must be JSON"),
+        (lambda: stage_task(RECORD, float("nan")), "must be JSON"),
+        (lambda: stage_task(RECORD, "x", when=timezone), "keyword arguments of a staged job"),
+        (lambda: stage_task(RECORD, q_options={"retry": 5}), "Unknown django-q2 options"),
+        (lambda: stage_task(RECORD, run_after="soon"), "run_after must be an aware datetime"),
+        (lambda: stage_task(RECORD, idempotency_key=7), "idempotency_key must be a string"),
+        (lambda: stage_task(""), "needs a function or its dotted path"),
+    ],
+)
+def test_bad_input_fails_at_stage_task_and_stages_nothing(call, message):
+    with pytest.raises(StagingError, match=message):
+        call()
+
+    assert StagedJob.objects.count() == 0
+    assert OrmQ.objects.count() == 0
+
+
+def test_a_module_is_allowed_by_prefix_not_by_name_start():
+    outbox = settings.DJANGO_OUTBOX
+    narrow = {**outbox, "STAGING": {"ALLOWED_MODULES": ["tests.test"]}}
+    with override_settings(DJANGO_OUTBOX=narrow), pytest.raises(StagingError):
+        stage_task(RECORD, "tests.testapp is not under tests.test")
+
+
+def test_a_row_that_can_no_longer_run_is_kept_with_its_error_and_skipped_later():
+    with without_forward_on_commit():
+        bad = stage_task(RECORD, "bad")
+        good = stage_task(RECORD, "good")
+        StagedJob.objects.filter(pk=bad).update(func="tests.testapp.jobs.gone")
+
+        result = drain()
+
+    assert (result.forwarded, result.kept) == (1, 1)
+    assert [task["args"] for task in queued()] == [("good",)]
+    kept = StagedJob.objects.get()
+    assert (kept.pk, kept.func, kept.args) == (bad, "tests.testapp.jobs.gone", ["bad"])
+    assert "Cannot import the staged task" in kept.last_error
+    assert not StagedJob.objects.filter(pk=good).exists()
+    assert drain().forwarded + drain().kept == 0  # skipped until an operator fixes it
+
+
+def test_forwarding_sends_a_signal_with_the_count():
+    seen = []
+
+    def receiver(sender, count, duration, **kwargs):
+        seen.append((sender, count, duration >= 0))
+
+    staged_jobs_forwarded.connect(receiver)
+    try:
+        with without_forward_on_commit():
+            stage_task(RECORD, "a")
+            stage_task(RECORD, "b")
+            drain()
+    finally:
+        staged_jobs_forwarded.disconnect(receiver)
+
+    assert seen == [("django_outbox.staged", 2, True)]
+
+
+def test_a_failed_forward_after_commit_leaves_the_job_for_the_drainer(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("broker down")
+
+    monkeypatch.setattr(transport, "_bulk_insert_orm", refuse)
+    with transaction.atomic():
+        stage_task(RECORD, "kept")
+
+    assert StagedJob.objects.count() == 1
+    monkeypatch.undo()
+    assert drain().forwarded == 1
+    assert [task["args"] for task in queued()] == [("kept",)]
+
+
+def test_drained_jobs_run_inline_under_capture():
+    with without_forward_on_commit():
+        stage_task(RECORD, "inline", 1)
+        with transport.capture() as captured:
+            drain()
+        for job in captured:
+            job.run()
+
+    assert list(JobEffect.objects.values_list("label", "value")) == [("inline", 1)]
+
+
+def test_a_keyed_job_runs_through_the_guard_and_its_effect_happens_once():
+    stage_task(RECORD, "charge", 42, idempotency_key="charge:42")
+
+    [task] = queued()
+    assert task["func"] == staging.RUNNER
+    assert task["args"] == ("charge:42", RECORD, ["charge", 42], {})
+    for _delivery in range(3):
+        transport.Job(task["func"], task["args"]).run()
+
+    assert list(JobEffect.objects.values_list("label", "value")) == [("charge", 42)]
+
+
+def test_a_job_whose_guarded_run_fails_runs_again_on_the_next_delivery(monkeypatch):
+    stage_task(RECORD, "retry", idempotency_key="retry:1")
+    [task] = queued()
+
+    def broken(label, value=None):
+        raise Boom
+
+    monkeypatch.setattr(jobs, "record", broken)
+    with pytest.raises(Boom):
+        transport.Job(task["func"], task["args"]).run()
+    monkeypatch.undo()
+    transport.Job(task["func"], task["args"]).run()
+
+    assert list(JobEffect.objects.values_list("label", flat=True)) == ["retry"]
+
+
+# outbox_drain ----------------------------------------------------------------------------
+
+
+def test_outbox_drain_once_forwards_and_reports():
+    with without_forward_on_commit():
+        for n in range(3):
+            stage_task(RECORD, f"job-{n}")
+        out = io.StringIO()
+        call_command("outbox_drain", "--once", stdout=out)
+
+    assert out.getvalue() == "Forwarded 3 staged job(s).\n"
+    assert len(queued()) == 3
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--batch-size", "0"],
+        ["--batch-size", "many"],
+        ["--max-sleep", "-1"],
+        ["--min-sleep", "3", "--max-sleep", "1"],
+    ],
+)
+def test_outbox_drain_rejects_bad_arguments_and_forwards_nothing(args):
+    with without_forward_on_commit():
+        stage_task(RECORD, "stays")
+        with pytest.raises(CommandError):
+            call_command("outbox_drain", "--once", *args, stdout=io.StringIO())
+
+    assert StagedJob.objects.count() == 1
+    assert OrmQ.objects.count() == 0
+
+
+@pytest.mark.postgres
+def test_two_concurrent_drainers_forward_every_job_exactly_once():
+    import threading
+
+    from django.db import connection
+
+    with without_forward_on_commit():
+        with transaction.atomic():
+            for n in range(2000):
+                stage_task(RECORD, f"job-{n}")
+        start = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def drainer():
+            try:
+                start.wait()
+                drain_until_empty(limit=50)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=drainer) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    assert errors == []
+    labels = [task["args"][0] for task in queued()]
+    assert sorted(labels) == sorted(f"job-{n}" for n in range(2000))
+    assert StagedJob.objects.count() == 0

@@ -1,0 +1,35 @@
+"""Task functions the staged-job tests stage (``STAGING["ALLOWED_MODULES"]``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.testapp.models import JobEffect
+
+
+def record(label: str, value: Any = None) -> int:
+    """Record one effect; return its id."""
+    return JobEffect.objects.create(label=label, value=value).pk
+
+
+def record_kwargs(label: str, **kwargs: Any) -> int:
+    return JobEffect.objects.create(label=label, value=kwargs).pk
+
+
+NOT_CALLABLE = 42
+
+
+def stall_before_enqueue(sender: str, task: dict[str, Any], **kwargs: Any) -> None:
+    """A django-q2 ``pre_enqueue`` receiver that parks the process mid-hand-off.
+
+    Connected in a drainer child by ``OUTBOX_TEST_STALL_ENQUEUE`` (a marker file): it
+    writes the marker, then waits forever, so the test can kill the drainer after it
+    took rows and before its transaction commits.
+    """
+    marker = Path(os.environ["OUTBOX_TEST_STALL_ENQUEUE"])
+    marker.write_text(str(os.getpid()))
+    while True:
+        time.sleep(60)
