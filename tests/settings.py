@@ -100,7 +100,7 @@ Q_CLUSTER = {
 if os.environ.get("OUTBOX_TEST_REDIS_URL"):
     del Q_CLUSTER["orm"]
     Q_CLUSTER["redis"] = os.environ["OUTBOX_TEST_REDIS_URL"]
-    Q_CLUSTER["name"] = os.environ.get("OUTBOX_TEST_Q_NAME", Q_CLUSTER["name"])
+    Q_CLUSTER["cluster_name"] = os.environ.get("OUTBOX_TEST_Q_NAME", Q_CLUSTER["name"])
 
 DJANGO_OUTBOX = {
     "STREAMS": {
