@@ -36,6 +36,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.test import override_settings  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django_q.models import OrmQ  # noqa: E402
 from django_q.tasks import async_task  # noqa: E402
@@ -46,6 +47,7 @@ from django_outbox import publish, publish_many, transport  # noqa: E402
 from django_outbox.claim import claim_group  # noqa: E402
 from django_outbox.models import OutboxEvent, OutboxGroup  # noqa: E402
 from django_outbox.run import run_inline  # noqa: E402
+from django_outbox.staging import drain_until_empty, stage_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = "bench"
@@ -56,6 +58,7 @@ TABLES = [
     "django_outbox_streamstate",
     "django_q_ormq",
     "django_q_task",
+    "django_outbox_stagedjob",
     "benchmarks_order",
     "benchmarks_marker",
 ]
@@ -331,6 +334,65 @@ def publish_overhead(transactions: int) -> dict[str, float]:
     }
 
 
+def staged_forwarding(jobs: int) -> dict[str, float]:
+    """Jobs handed to django-q2 per second: direct ``async_task`` against staged jobs.
+
+    Every variant is what application code does, one transaction per job, timed until
+    the jobs are in django-q2's queue: ``async_task`` inside the transaction (not
+    transactional with an external broker, one INSERT per job here), ``stage_task`` with
+    the forward after commit (the default), and ``stage_task`` left to the drainer, whose
+    bulk drain is also timed on its own.
+    """
+
+    def direct(i: int) -> None:
+        with transaction.atomic():
+            Order.objects.create(customer=f"c{i}", amount="9.99")
+            async_task("benchmarks.tasks.ping", f"job-{i}", save=False)
+
+    def staged(i: int) -> None:
+        with transaction.atomic():
+            Order.objects.create(customer=f"c{i}", amount="9.99")
+            stage_task("benchmarks.tasks.ping", f"job-{i}", q_options={"save": False})
+
+    def timed(fn: Callable[[int], None]) -> float:
+        reset()
+        started = time.perf_counter()
+        for i in range(jobs):
+            fn(i)
+        seconds = time.perf_counter() - started
+        assert OrmQ.objects.count() == jobs, "every job must be in the queue"
+        return seconds
+
+    direct_s = timed(direct)
+    on_commit_s = timed(staged)
+    outbox = outbox_settings_with_staging(FORWARD_ON_COMMIT=False)
+    with override_settings(DJANGO_OUTBOX=outbox):
+        reset()
+        started = time.perf_counter()
+        for i in range(jobs):
+            staged(i)
+        staging_s = time.perf_counter() - started
+        started = time.perf_counter()
+        report = drain_until_empty(budget_seconds=3600)
+        drain_s = time.perf_counter() - started
+    assert report.forwarded == jobs == OrmQ.objects.count()
+    return {
+        "jobs": jobs,
+        "async_task_per_s": round(jobs / direct_s),
+        "stage_forward_on_commit_per_s": round(jobs / on_commit_s),
+        "stage_then_drain_per_s": round(jobs / (staging_s + drain_s)),
+        "drain_forwarded_per_s": round(jobs / drain_s),
+    }
+
+
+def outbox_settings_with_staging(**options: Any) -> dict[str, Any]:
+    from django.conf import settings
+
+    outbox = dict(settings.DJANGO_OUTBOX)
+    outbox["STAGING"] = {**outbox.get("STAGING", {}), **options}
+    return outbox
+
+
 def fill_buffer(rows: int) -> None:
     reset()
     with connection.cursor() as cursor:
@@ -386,13 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-events", type=int, default=2_000, help="events for A")
     parser.add_argument("--publish-transactions", type=int, default=2_000)
     parser.add_argument("--scale", type=int, nargs=2, default=[10_000, 1_000_000])
+    parser.add_argument("--staged-jobs", type=int, default=5_000)
     parser.add_argument("--json", type=Path, default=ROOT / "artifacts" / "bench.json")
     parser.add_argument("--repeat", type=int, default=5, help="paired runs of B and C (median)")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     args = parser.parse_args(argv)
     if args.smoke:
         args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
-        args.scale, args.repeat = [10_000, 50_000], 1
+        args.scale, args.repeat, args.staged_jobs = [10_000, 50_000], 1, 500
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -415,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     overhead = publish_overhead(args.publish_transactions)
     small, large = (claim_latency(n) for n in args.scale)
     statements = library_statements(min(args.events, 10_000))
+    forwarding = staged_forwarding(args.staged_jobs)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         server = cursor.fetchone()[0]
@@ -451,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "library_statements_per_event": round(statements, 4),
         "buffer_after_run": health,
-        "not_yet_measured": ["staged-job forwarding", "unique-job dispatch"],
+        "staged_forwarding": forwarding,
+        "not_yet_measured": ["unique-job dispatch"],
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -497,6 +562,14 @@ def print_table(report: dict[str, Any]) -> None:
         f"{int(keys[1]):,} rows, ratio {latency['ratio']} (target <= 1.5)"
     )
     print(f"library statements per event (inline): {report['library_statements_per_event']}")
+    f = report["staged_forwarding"]
+    print(
+        f"staged jobs ({f['jobs']:,}, one transaction each): "
+        f"async_task {f['async_task_per_s']:,}/s, "
+        f"stage_task + forward on commit {f['stage_forward_on_commit_per_s']:,}/s, "
+        f"stage_task then drain {f['stage_then_drain_per_s']:,}/s "
+        f"(the drain alone {f['drain_forwarded_per_s']:,}/s)"
+    )
     h = report["buffer_after_run"]
     print(
         f"buffer after B: {h['live_tuples']} live, {h['dead_tuples']} dead tuples, "

@@ -38,6 +38,7 @@ DJANGO_OUTBOX = {
             "LEASE_SECONDS": 300,
         },
     },
+    "STAGING": {"ALLOWED_MODULES": ["benchmarks.tasks"]},
 }
 
 LOGGING = {

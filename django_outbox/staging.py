@@ -12,9 +12,11 @@ transaction:
   duplicate delivery a no-op, so the effect happens once.
 
 A job staged with ``idempotency_key=`` always runs through the guard, keyed on that key,
-whatever the broker. With ``FORWARD_ON_COMMIT`` (the default) the jobs of a transaction
-are also forwarded right after it commits, for low latency; the drainer (schedule or
-``manage.py outbox_drain``) remains the guarantee.
+whatever the broker. With ``FORWARD_ON_COMMIT`` (the default) a job due now reaches
+django-q2 without waiting for the drainer: with the ORM broker on the same database it is
+written to django-q2's queue table inside the caller's transaction (one INSERT, the same
+guarantee); with another broker it is staged and pushed right after the commit, and the
+drainer (schedule or ``manage.py outbox_drain``) remains the guarantee.
 """
 
 from __future__ import annotations
@@ -92,10 +94,13 @@ def _dumps(what: str, value: Any) -> str:
         ) from exc
 
 
-def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int:
-    """Stage ``func(*args, **kwargs)`` in the current transaction; return the row's id.
+def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int | None:
+    """Stage ``func(*args, **kwargs)`` in the current transaction.
 
-    The job reaches django-q2 only if the transaction commits. Keyword arguments of
+    The job reaches django-q2 only if the transaction commits. Returns the staged row's
+    id, or None when the job went straight into the queue table of django-q2's ORM
+    broker on this database (``FORWARD_ON_COMMIT`` and due now), where it commits or
+    rolls back with the transaction just the same. Keyword arguments of
     ``stage_task`` itself: ``q_options`` (django-q2 options: cluster, timeout, group,
     hook, save, task_name, ack_failure), ``run_after`` (an aware datetime or a timedelta
     from now: not forwarded before), ``idempotency_key`` (the effect happens once per key)
@@ -122,15 +127,18 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
         raise StagingError(
             f"run_after must be an aware datetime or a timedelta, not {run_after!r}."
         )
-    staged_id = sql.insert(
-        path,
-        _dumps("arguments", list(args)),
-        _dumps("keyword arguments", kwargs),
-        _dumps("q_options", q_options),
-        idempotency_key,
-        run_after,
-    )
-    if run_after is None and outbox_settings().staging.forward_on_commit:
+    args_json = _dumps("arguments", list(args))
+    kwargs_json = _dumps("keyword arguments", kwargs)
+    options_json = _dumps("q_options", q_options)
+    forward = run_after is None and outbox_settings().staging.forward_on_commit
+    if forward and transport.in_transaction_hand_off(alias):
+        # The ORM broker's queue table commits or rolls back with this transaction: the
+        # job is staged by writing it there directly, one INSERT and nothing to drain.
+        row = sql.TakenJob(0, path, list(args), kwargs, q_options, idempotency_key, None, None)
+        transport.submit([_job(row, guard_all=False)], alias=alias)
+        return None
+    staged_id = sql.insert(path, args_json, kwargs_json, options_json, idempotency_key, run_after)
+    if forward:
         _forward_after_commit(staged_id, alias)
     return staged_id
 

@@ -18,6 +18,7 @@ from django_q.signing import SignedPackage
 from django_outbox.models import StagedJob
 from django_outbox.staging import drain_until_empty, stage_task
 from tests import procs
+from tests.redis_server import free_port
 from tests.testapp.models import JobEffect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -176,3 +177,32 @@ def test_with_redis_killing_the_drainer_before_commit_loses_nothing(redis_broker
         assert drainer.wait(120) == 0
     labels = [SignedPackage.loads(p)["args"][2][0] for p in client.lrange(queue, 0, -1)]
     assert sorted(labels) == sorted(committed)
+
+
+def stage_in_child(name: str, count: int, **env: str) -> None:
+    code = f"from tests.testapp.workers import stage_jobs; stage_jobs('job', {count})"
+    with procs.running(["-c", code], name, **env) as child:
+        assert child.wait(120) == 0
+
+
+def test_with_redis_jobs_are_pushed_right_after_their_commit(redis_broker):
+    env, client, queue = redis_broker
+
+    stage_in_child("stager-redis", 50, **env)
+
+    assert StagedJob.objects.count() == 0
+    labels = [SignedPackage.loads(p)["args"][2][0] for p in client.lrange(queue, 0, -1)]
+    assert labels == [f"job-{n}" for n in range(50)]
+
+
+def test_with_redis_down_after_commit_the_jobs_wait_for_the_drainer(redis_broker):
+    env, client, queue = redis_broker
+    down = {**env, "OUTBOX_TEST_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+
+    stage_in_child("stager-redis-down", 20, **down)
+
+    assert StagedJob.objects.count() == 20  # committed, not lost, not forwarded
+    with procs.running([*DRAIN, "--once"], "drainer-redis-up", **env) as drainer:
+        assert drainer.wait(120) == 0
+    assert StagedJob.objects.count() == 0
+    assert client.llen(queue) == 20
