@@ -98,12 +98,8 @@ class BufferOps:
             )
             if found:
                 converters.append((index, column, found))
-        columns = ", ".join(self.qn(field.column) for field in fields)
         with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT {columns} FROM {self.table} WHERE group_id = %s ORDER BY id",
-                [self.group_param(group_id)],
-            )
+            cursor.execute(*self.group_fetch_sql(group_id, fields))
             records = cursor.fetchall()
         if converters:
             records = [list(record) for record in records]
@@ -114,6 +110,18 @@ class BufferOps:
                         value = func(value, column, self.connection)
                     record[index] = value
         return [dict(zip(keys, record, strict=True)) for record in records]
+
+    def group_fetch_sql(
+        self, group_id: uuid.UUID, fields: Iterable[Field] = ()
+    ) -> tuple[str, list[Any]]:
+        """The statement that reads a group's rows (all concrete columns by default)."""
+        columns = ", ".join(
+            self.qn(field.column) for field in (list(fields) or self.model._meta.concrete_fields)
+        )
+        return (
+            f"SELECT {columns} FROM {self.table} WHERE group_id = %s ORDER BY id",
+            [self.group_param(group_id)],
+        )
 
     def _column_field(self, name: str) -> Field:
         opts = self.model._meta

@@ -1,0 +1,252 @@
+"""Table health and autovacuum tuning for the tables the app owns or is bound to.
+
+Buffer tables are written like a queue: rows are inserted, stamped and deleted in bulk,
+all day. PostgreSQL's default autovacuum trigger is a fraction of the table's size
+(20 % dead tuples), which a table that is small on average but churns millions of rows
+reaches late and at random. The recommendation for such tables is a fixed threshold and
+a zero scale factor, so autovacuum follows the churn, not the size. Tables that only
+grow and are pruned (archive, idempotency keys) keep PostgreSQL's defaults.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.apps import apps
+from django.db import models
+
+from django_outbox.conf import outbox_settings
+from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import tune as sql
+
+#: Storage parameters of queue-like tables: vacuum and analyze after a fixed number of
+#: changed rows, whatever the table's size.
+CHURN_PARAMETERS = {
+    "autovacuum_vacuum_scale_factor": "0",
+    "autovacuum_vacuum_threshold": "5000",
+    "autovacuum_vacuum_insert_scale_factor": "0",
+    "autovacuum_vacuum_insert_threshold": "5000",
+    "autovacuum_analyze_scale_factor": "0",
+    "autovacuum_analyze_threshold": "5000",
+}
+#: Tables with few rows that change often: a lower threshold.
+SMALL_CHURN_PARAMETERS = {
+    **CHURN_PARAMETERS,
+    "autovacuum_vacuum_threshold": "500",
+    "autovacuum_vacuum_insert_threshold": "500",
+    "autovacuum_analyze_threshold": "500",
+}
+#: ``autovacuum_vacuum_insert_*`` exist from PostgreSQL 13 on.
+INSERT_PARAMETERS_SINCE = 130000
+
+
+@dataclass(frozen=True)
+class OwnedTable:
+    role: str
+    model: type[models.Model]
+    recommended: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def table(self) -> str:
+        return self.model._meta.db_table
+
+
+def owned_tables() -> list[OwnedTable]:
+    """Every table the app owns or is bound to, each once, with its recommendation."""
+    from django_outbox.models import (
+        ArchivedEvent,
+        IdempotencyKey,
+        OutboxGroup,
+        StagedJob,
+        StreamState,
+    )
+
+    tables: dict[str, OwnedTable] = {}
+
+    def add(role: str, model: type[models.Model], recommended: dict[str, str]) -> None:
+        label = model._meta.label
+        if label in tables:
+            tables[label] = OwnedTable(f"{tables[label].role}, {role}", model, recommended)
+        else:
+            tables[label] = OwnedTable(role, model, recommended)
+
+    for stream in outbox_settings().streams.values():
+        add(f"buffer of {stream.name}", stream.model_class, CHURN_PARAMETERS)
+    add("groups", OutboxGroup, SMALL_CHURN_PARAMETERS)
+    add("stream state", StreamState, {})
+    add("archive", ArchivedEvent, {})
+    add("staged jobs", StagedJob, CHURN_PARAMETERS)
+    add("idempotency keys", IdempotencyKey, {})
+    for model in _unique_job_kinds():
+        add(f"unique jobs {model._meta.label}", model, SMALL_CHURN_PARAMETERS)
+    return list(tables.values())
+
+
+def _unique_job_kinds() -> Iterator[type[models.Model]]:
+    try:
+        from django_outbox.models import UniqueJob  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    for model in apps.get_models():
+        if issubclass(model, UniqueJob) and not model._meta.abstract:
+            yield model
+
+
+@dataclass
+class TableReport:
+    role: str
+    table: str
+    database: str
+    total_bytes: int
+    live_tuples: int
+    dead_tuples: int
+    dead_ratio: float
+    last_autovacuum: str | None
+    last_autoanalyze: str | None
+    options: dict[str, str]
+    recommended: dict[str, str]
+    missing: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _recommended(owned: OwnedTable, version: int) -> dict[str, str]:
+    if version >= INSERT_PARAMETERS_SINCE:
+        return dict(owned.recommended)
+    return {k: v for k, v in owned.recommended.items() if "_insert_" not in k}
+
+
+def postgres_tables() -> list[OwnedTable]:
+    return [t for t in owned_tables() if connection_for(t.model).vendor == "postgresql"]
+
+
+def report() -> list[TableReport]:
+    """The health of every PostgreSQL table of the app (tables not yet created are left out)."""
+    reports = []
+    for owned in postgres_tables():
+        connection = connection_for(owned.model)
+        stats = sql.table_stats(connection, owned.table)
+        if stats is None:
+            continue
+        recommended = _recommended(owned, sql.server_version(connection))
+        total = stats.live_tuples + stats.dead_tuples
+        reports.append(
+            TableReport(
+                role=owned.role,
+                table=owned.table,
+                database=connection.alias,
+                total_bytes=stats.total_bytes,
+                live_tuples=stats.live_tuples,
+                dead_tuples=stats.dead_tuples,
+                dead_ratio=round(stats.dead_tuples / total, 4) if total else 0.0,
+                last_autovacuum=_iso(stats.last_autovacuum),
+                last_autoanalyze=_iso(stats.last_autoanalyze),
+                options=stats.options,
+                recommended=recommended,
+                missing={k: v for k, v in recommended.items() if stats.options.get(k) != v},
+            )
+        )
+    return reports
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def apply() -> list[str]:
+    """Set the missing recommended parameters; return one line per table changed."""
+    changes = []
+    for table in report():
+        if table.missing:
+            owned_model = next(t.model for t in postgres_tables() if t.table == table.table)
+            sql.set_parameters(connection_for(owned_model), table.table, table.missing)
+            settings = ", ".join(f"{k}={v}" for k, v in table.missing.items())
+            changes.append(f"{table.table}: set {settings}")
+    return changes
+
+
+def problems(reports: list[TableReport], *, max_dead_ratio: float, min_dead: int) -> list[str]:
+    """One line per problem: too many dead tuples, recommended parameters missing."""
+    lines = []
+    for table in reports:
+        if table.dead_tuples >= min_dead and table.dead_ratio > max_dead_ratio:
+            lines.append(
+                f"{table.table} ({table.role}): {table.dead_ratio:.0%} dead tuples "
+                f"({table.dead_tuples:,} dead, {table.live_tuples:,} live), above "
+                f"{max_dead_ratio:.0%}; autovacuum is not keeping up."
+            )
+        if table.missing:
+            lines.append(
+                f"{table.table} ({table.role}): autovacuum parameters not tuned, missing "
+                + ", ".join(f"{k}={v}" for k, v in table.missing.items())
+                + "; run manage.py outbox_tune --apply."
+            )
+    return lines
+
+
+# -- query plans -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Statement:
+    stream: str
+    name: str
+    table: str
+    sql: str
+    params: list[Any]
+
+
+def pipeline_statements() -> list[Statement]:
+    """The claim, group-fetch and finalize statements of every PostgreSQL stream."""
+    statements = []
+    for stream in outbox_settings().streams.values():
+        model = stream.model_class
+        if connection_for(model).vendor != "postgresql":
+            continue
+        ops = buffer_ops(model)
+        group = uuid.uuid4()
+        where = stream.name if stream.is_generic else None
+        claim_sql, claim_params = ops.claim_sql(where)
+        table = model._meta.db_table
+        statements += [
+            Statement(
+                stream.name,
+                "claim",
+                table,
+                claim_sql,
+                [ops.group_param(group), *claim_params, stream.batch_size],
+            ),
+            Statement(stream.name, "group fetch", table, *ops.group_fetch_sql(group)),
+            Statement(
+                stream.name,
+                "finalize",
+                table,
+                *ops.archive_sql(
+                    group, stream=stream.name, outcome="done", attempts=1, archive=stream.archive
+                ),
+            ),
+        ]
+    return statements
+
+
+def plan(statement: Statement) -> dict[str, Any]:
+    """The JSON plan of *statement* (EXPLAIN without ANALYZE: nothing is executed)."""
+    model = outbox_settings().stream(statement.stream).model_class
+    return sql.explain(connection_for(model), statement.sql, statement.params)
+
+
+def plan_text(statement: Statement) -> str:
+    model = outbox_settings().stream(statement.stream).model_class
+    return sql.explain_text(connection_for(model), statement.sql, statement.params)
+
+
+def scans(node: dict[str, Any]) -> Iterator[tuple[str, str, str | None]]:
+    """(node type, relation, index) of every scan in a JSON plan tree."""
+    if "Relation Name" in node:
+        yield node["Node Type"], node["Relation Name"], node.get("Index Name")
+    for child in node.get("Plans", ()):
+        yield from scans(child)
