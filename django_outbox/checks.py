@@ -83,6 +83,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_outbox.E035",
             )
         )
+    token = raw.get("METRICS_TOKEN")
+    if token is not None and not (isinstance(token, str) and len(token) >= 16):
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['METRICS_TOKEN'] must be None or a string of at least 16 "
+                "characters.",
+                hint="Generate one with: python -c 'import secrets; print(secrets.token_urlsafe())'"
+                " and read it from the environment, not from the source.",
+                id="django_outbox.E036",
+            )
+        )
     errors.extend(_check_staging(raw.get("STAGING", {})))
     errors.extend(_check_section("IDEMPOTENCY", raw.get("IDEMPOTENCY", {}), IDEMPOTENCY_DEFAULTS))
     streams = raw.get("STREAMS", {})

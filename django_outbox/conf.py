@@ -58,6 +58,7 @@ GLOBAL_DEFAULTS: dict[str, Any] = {
     "STAGING": {},
     "IDEMPOTENCY": {},
     "PRUNE_EVERY_MINUTES": 1440,
+    "METRICS_TOKEN": None,
 }
 
 
@@ -181,6 +182,7 @@ class OutboxSettings:
     staging: StagingConfig
     idempotency: IdempotencyConfig
     prune_every_minutes: int
+    metrics_token: str | None
     raw: dict[str, Any]
 
     def stream(self, name: str) -> StreamConfig:
@@ -209,6 +211,7 @@ def outbox_settings() -> OutboxSettings:
         staging=StagingConfig.from_options(_as_dict(merged["STAGING"])),
         idempotency=IdempotencyConfig.from_options(_as_dict(merged["IDEMPOTENCY"])),
         prune_every_minutes=merged["PRUNE_EVERY_MINUTES"],
+        metrics_token=merged["METRICS_TOKEN"],
         raw=raw,
     )
 

@@ -108,8 +108,8 @@ def test_unknown_top_level_key_is_e002():
             (
                 "django_outbox.E002",
                 "DJANGO_OUTBOX has unknown keys: BATCH_SIZE, STREAM.",
-                "Known keys: ARCHIVE_RETENTION_DAYS, IDEMPOTENCY, PRUNE_EVERY_MINUTES, STAGING, "
-                "STREAMS.",
+                "Known keys: ARCHIVE_RETENTION_DAYS, IDEMPOTENCY, METRICS_TOKEN, "
+                "PRUNE_EVERY_MINUTES, STAGING, STREAMS.",
             )
         ]
 
@@ -773,3 +773,14 @@ def test_valid_staging_and_idempotency_sections_pass():
     }
     with override_settings(DJANGO_OUTBOX=outbox):
         assert outbox_messages() == []
+
+
+@pytest.mark.parametrize("value", ["short", 12345678901234567, ""])
+def test_metrics_token_that_is_not_a_long_string_is_e036(value):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "METRICS_TOKEN": value}):
+        [(check_id, msg, hint)] = outbox_messages()
+    assert check_id == "django_outbox.E036"
+    assert msg == (
+        "DJANGO_OUTBOX['METRICS_TOKEN'] must be None or a string of at least 16 characters."
+    )
+    assert "secrets.token_urlsafe()" in hint

@@ -1,0 +1,136 @@
+"""Prometheus metrics read from the database at scrape time (extra ``metrics``).
+
+The figures come from our tables, not from counters kept in a process, so they are right
+with any number of worker processes and machines, and every query is bounded: counts
+stop at ``COUNT_CAP`` (as ``outbox_status`` does) and use the tables' indexes.
+
+Expose them with the view (``path("outbox/", include("django_outbox.urls"))`` serves
+``/outbox/metrics``), open to staff users and to requests that carry
+``Authorization: Bearer <DJANGO_OUTBOX["METRICS_TOKEN"]>``; or register
+:class:`OutboxCollector` in a registry of your own.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+
+from django_outbox.conf import outbox_settings
+from django_outbox.status import COUNT_CAP, all_statuses
+
+GROUP_STATES = ("claimed", "running", "retrying")
+
+
+class OutboxCollector:
+    """A ``prometheus_client`` collector over the app's tables."""
+
+    def __init__(self, cap: int = COUNT_CAP) -> None:
+        self.cap = cap
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        started = time.perf_counter()
+        backlog = GaugeMetricFamily(
+            "django_outbox_backlog_rows",
+            f"Unclaimed rows per stream (a bounded count: at most {self.cap}).",
+            labels=["stream"],
+        )
+        lag = GaugeMetricFamily(
+            "django_outbox_oldest_unclaimed_age_seconds",
+            "Age of the oldest unclaimed row per stream (0 when the buffer is empty).",
+            labels=["stream"],
+        )
+        paused = GaugeMetricFamily(
+            "django_outbox_stream_paused", "1 when the stream is paused.", labels=["stream"]
+        )
+        groups = GaugeMetricFamily(
+            "django_outbox_groups", "Groups per stream and state.", labels=["stream", "state"]
+        )
+        archived = GaugeMetricFamily(
+            "django_outbox_archived_last_hour_rows",
+            "Rows archived per stream and outcome over the last hour (bounded count).",
+            labels=["stream", "outcome"],
+        )
+        for status in all_statuses():
+            stream = status.stream
+            backlog.add_metric([stream], status.backlog)
+            lag.add_metric([stream], status.lag_seconds or 0.0)
+            paused.add_metric([stream], 1 if status.paused else 0)
+            for state in GROUP_STATES:
+                groups.add_metric([stream, state], getattr(status, f"groups_{state}"))
+            archived.add_metric([stream, "done"], status.archived_last_hour)
+            archived.add_metric([stream, "failed"], status.failed_last_hour)
+        yield from (backlog, lag, paused, groups, archived)
+        yield from self._staged()
+        yield from self._unique_jobs()
+        yield GaugeMetricFamily(
+            "django_outbox_scrape_duration_seconds",
+            "Time spent reading the metrics from the database.",
+            value=time.perf_counter() - started,
+        )
+
+    def _staged(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from django_outbox.models import StagedJob
+
+        staged = GaugeMetricFamily(
+            "django_outbox_staged_jobs",
+            "Staged jobs waiting for the drainer, and kept with an error (bounded count).",
+            labels=["state"],
+        )
+        waiting = StagedJob.objects.filter(last_error="")
+        kept = StagedJob.objects.exclude(last_error="")
+        staged.add_metric(["waiting"], waiting.values("id")[: self.cap].count())
+        staged.add_metric(["kept"], kept.values("id")[: self.cap].count())
+        yield staged
+
+    def _unique_jobs(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        try:
+            from django_outbox.unique.metrics import unique_job_counts
+        except ImportError:
+            return
+        family = GaugeMetricFamily(
+            "django_outbox_unique_jobs",
+            "Unique jobs per kind and state (bounded count).",
+            labels=["kind", "state"],
+        )
+        for kind, state, count in unique_job_counts(self.cap):
+            family.add_metric([kind, state], count)
+        yield family
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text of our metrics alone, and its content type."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(OutboxCollector())
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def allowed(request: HttpRequest) -> bool:
+    """Staff users, or the bearer of ``METRICS_TOKEN`` when one is set."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        return True
+    token = outbox_settings().metrics_token
+    header = request.headers.get("Authorization", "")
+    return bool(token) and hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not allowed(request):
+        return HttpResponseForbidden(
+            "Staff login or 'Authorization: Bearer <METRICS_TOKEN>' required.\n",
+            content_type="text/plain",
+        )
+    body, content_type = render()
+    return HttpResponse(body, content_type=content_type)
