@@ -297,15 +297,6 @@ def _record_failure(
         error=error,
         retry_in=delay,
     )
-    logger.warning(
-        "Group %s of stream %s failed attempt %s of %s; retrying in %.0fs: %s",
-        batch.group_id,
-        config.name,
-        batch.attempt,
-        config.max_attempts,
-        delay,
-        error.splitlines()[-1] if error else "",
-    )
     return ProcessOutcome.RETRYING
 
 
@@ -339,14 +330,6 @@ def exhaust_group(
     OutboxGroup.objects.filter(id=group_id).delete()
     send_on_commit(
         group_exhausted, config.name, group_id=group_id, attempt=attempt, rows=rows, error=error
-    )
-    logger.error(
-        "Group %s of stream %s exhausted after %s attempts; %s rows dead-lettered: %s",
-        group_id,
-        config.name,
-        attempt,
-        rows,
-        error.splitlines()[-1] if error else "",
     )
     return rows
 

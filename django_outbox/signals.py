@@ -17,14 +17,23 @@ Every signal is sent with ``sender`` = the stream name and these keyword argumen
 ``count`` (jobs handed to django-q2), ``duration`` (seconds of the batch).
 
 Payloads and job arguments are never part of a signal.
+
+Each of the stream signals is also logged by the ``django_outbox`` logger when it is sent:
+INFO for progress (processed, replayed), WARNING for a retry, ERROR for a dead-lettered
+group, with the same fields in the record's ``extra`` (``stream``, ``group_id``,
+``attempt``, ``rows``, ``duration``, ``retry_in``, ``error`` as its last line). Payloads
+are never logged.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import transaction
 from django.dispatch import Signal
+
+logger = logging.getLogger("django_outbox")
 
 group_processed = Signal()
 group_failed = Signal()
@@ -33,6 +42,42 @@ rows_replayed = Signal()
 staged_jobs_forwarded = Signal()
 
 
+LOGGED: dict[Signal, tuple[int, str]] = {
+    group_processed: (
+        logging.INFO,
+        "Group {group_id} of stream {stream}: {rows} rows done on attempt {attempt} "
+        "in {duration:.2f}s.",
+    ),
+    group_failed: (
+        logging.WARNING,
+        "Group {group_id} of stream {stream} failed attempt {attempt}; {rows} rows retry "
+        "in {retry_in:.0f}s: {error}",
+    ),
+    group_exhausted: (
+        logging.ERROR,
+        "Group {group_id} of stream {stream} exhausted after {attempt} attempts; {rows} rows "
+        "dead-lettered: {error}",
+    ),
+    rows_replayed: (logging.INFO, "{rows} dead letters of stream {stream} replayed."),
+}
+
+
 def send_on_commit(signal: Signal, stream: str, using: str | None = None, **kwargs: Any) -> None:
-    """Send *signal* once the current transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: signal.send(sender=stream, stream=stream, **kwargs), using=using)
+    """Send (and log) *signal* once the current transaction commits (at once outside one)."""
+
+    def send() -> None:
+        signal.send(sender=stream, stream=stream, **kwargs)
+        if signal in LOGGED:
+            level, message = LOGGED[signal]
+            fields = {"stream": stream, **kwargs}
+            if "error" in fields:
+                fields["error"] = last_line(fields["error"])
+            logger.log(level, message.format(**fields), extra=fields)
+
+    transaction.on_commit(send, using=using)
+
+
+def last_line(error: str) -> str:
+    """The last line of an error (a traceback's exception line), for logs."""
+    lines = (error or "").strip().splitlines()
+    return lines[-1] if lines else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -377,3 +378,32 @@ def test_signals_report_processed_failed_and_exhausted_groups(
         ("group_failed", "audit", 1, 1),
         ("group_exhausted", "audit", 1, 2),
     ]
+
+
+def test_the_logger_reports_the_same_events_with_fields_and_never_the_payload(
+    handler_mode, django_capture_on_commit_callbacks, caplog
+):
+    secret = "card-4242-4242"
+    publish_many("audit", [{"n": i, "fail": i == 0, "secret": secret} for i in range(5)])
+    result = claim()
+    caplog.set_level(logging.INFO, logger="django_outbox")
+    with django_capture_on_commit_callbacks(execute=True):
+        handler_mode("fail-marked")
+        process_group("audit", result.group_id)
+        make_due(result.group_id)
+        handler_mode("permanent")
+        process_group("audit", result.group_id)
+
+    records = [r for r in caplog.records if r.name == "django_outbox"]
+    assert [(r.levelname, r.rows, r.attempt) for r in records] == [
+        ("INFO", 4, 1),
+        ("WARNING", 1, 1),
+        ("ERROR", 1, 2),
+    ]
+    assert {r.stream for r in records} == {"audit"}
+    assert {r.group_id for r in records} == {result.group_id}
+    assert records[1].retry_in > 0 and records[0].duration >= 0
+    assert "\n" not in records[2].error
+    for record in records:
+        assert secret not in record.getMessage()
+        assert secret not in repr(vars(record))
