@@ -55,3 +55,13 @@ class ApiRequest(models.Model):
 
     def __str__(self) -> str:
         return f"request #{self.pk} ({self.size} records, {'ok' if self.succeeded else self.error})"
+
+
+class WelcomeEmail(models.Model):
+    """A welcome email "sent" to a new lead by a staged job (one row per send)."""
+
+    lead = models.ForeignKey(Lead, on_delete=models.CASCADE, related_name="welcome_emails")
+    sent_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"welcome email to {self.lead}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from django_outbox.staging import stage_task
 from marketing.models import ContactActivity, ContactActivityEvent, Lead
 
 
@@ -13,3 +14,11 @@ def record_activity(lead: Lead, kind: str, comment: str = "") -> ContactActivity
         activity = ContactActivity.objects.create(lead=lead, kind=kind, comment=comment)
         ContactActivityEvent.objects.create(activity=activity)
     return activity
+
+
+def sign_up_lead(name: str, email: str) -> Lead:
+    """Create a lead and stage its welcome email: sent only if the lead is committed."""
+    with transaction.atomic():
+        lead = Lead.objects.create(name=name, email=email)
+        stage_task("marketing.tasks.send_welcome_email", lead.pk)
+    return lead
