@@ -13,17 +13,18 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import connection, transaction
 from django_q.models import OrmQ, Task
 from django_q.tasks import async_task
 
-from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome, StreamState
+from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome, StagedJob, StreamState
 from django_outbox.schedules import sync_schedules
 from django_outbox.status import stream_status
-from marketing.models import ApiRequest, ContactActivity, ContactActivityEvent, Lead
-from marketing.services import record_activity
+from marketing.models import ApiRequest, ContactActivity, ContactActivityEvent, Lead, WelcomeEmail
+from marketing.services import record_activity, sign_up_lead
 
 STREAM = "marketing"
+ROLLED_BACK_SIGN_UPS = 5
 KINDS = [ContactActivity.Kind.CALL, ContactActivity.Kind.EMAIL, ContactActivity.Kind.MEETING]
 
 
@@ -51,12 +52,24 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0)
         self._reset()
 
-        leads = Lead.objects.bulk_create(
-            Lead(
-                name=f"Lead {i}",
-                email="" if i < options["leads_without_email"] else f"lead{i}@example.com",
+        leads = [
+            sign_up_lead(
+                f"Lead {i}",
+                "" if i < options["leads_without_email"] else f"lead{i}@example.com",
             )
             for i in range(options["leads"])
+        ]
+        self.rolled_back = 0
+        for i in range(ROLLED_BACK_SIGN_UPS):
+            try:
+                with transaction.atomic():
+                    sign_up_lead(f"Abandoned {i}", f"abandoned{i}@example.com")
+                    raise RuntimeError("the sign-up form failed after the lead was saved")
+            except RuntimeError:
+                self.rolled_back += 1
+        out.write(
+            f"Signed up {len(leads)} leads, each staging its welcome email in the same "
+            f"transaction; {self.rolled_back} more sign-ups rolled back."
         )
         started = time.perf_counter()
         for i in range(options["events"]):
@@ -81,7 +94,9 @@ class Command(BaseCommand):
         """Start from empty tables so the figures describe this run only."""
         ContactActivityEvent.objects.all().delete()
         ContactActivity.objects.all().delete()
+        WelcomeEmail.objects.all().delete()
         Lead.objects.all().delete()
+        StagedJob.objects.all().delete()
         ApiRequest.objects.all().delete()
         ArchivedEvent.objects.filter(stream=STREAM).delete()
         OutboxGroup.objects.filter(stream=STREAM).delete()
@@ -128,7 +143,8 @@ class Command(BaseCommand):
                     ending="",
                 )
                 self.stdout.flush()
-            if status.backlog == 0 and in_flight == 0:
+            emails_pending = WelcomeEmail.objects.count() < Lead.objects.count()
+            if status.backlog == 0 and in_flight == 0 and not emails_pending:
                 break
             if time.perf_counter() - started > timeout:
                 raise CommandError(f"The pipeline did not drain within {timeout:.0f}s.")
@@ -146,7 +162,12 @@ class Command(BaseCommand):
         failed_requests = ApiRequest.objects.filter(succeeded=False).count()
         retried_groups = archived.filter(attempts__gt=1).values("group_id").distinct().count()
         left = ContactActivityEvent.objects.count()
+        leads = Lead.objects.count()
+        emails = WelcomeEmail.objects.count()
+        emailed_twice = leads - WelcomeEmail.objects.values("lead").distinct().count()
         lines = [
+            ("leads signed up", f"{leads:,} (+{self.rolled_back} rolled back)"),
+            ("welcome emails sent", f"{emails:,} (staged jobs; {emailed_twice} leads twice)"),
             ("events recorded", f"{events:,}"),
             ("archived done", f"{done:,}"),
             ("archived failed (dead letters)", f"{failed:,}"),
@@ -163,4 +184,6 @@ class Command(BaseCommand):
             self.stdout.write(f"  {label:<{width}}  {value}")
         if left or done + failed != events:
             raise CommandError("The buffer is not empty or the archive is incomplete.")
+        if emails != leads or emailed_twice:
+            raise CommandError("Welcome emails do not match the committed sign-ups one to one.")
         self.stdout.write(self.style.SUCCESS("Buffer empty, archive complete."))
