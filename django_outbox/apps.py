@@ -11,3 +11,4 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from django_outbox import checks, conf  # noqa: F401  (registers checks and signal handlers)
+        from django_outbox.unique import checks as unique_checks  # noqa: F401

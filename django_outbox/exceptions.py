@@ -46,3 +46,22 @@ class LeaseLost(OutboxError):
 
 class StagingError(OutboxError, ValueError):
     """A job that cannot be staged: a function outside the allow-list, or non-JSON input."""
+
+
+class JobError(OutboxError, ValueError):
+    """A unique job that cannot be enqueued as asked (a managed field, a naive datetime)."""
+
+
+class JobLeaseLost(LeaseLost):
+    """A unique job's lease was lost: another attempt took over, or the job finished."""
+
+    def __init__(self, kind: str, job_id: int, attempt: int) -> None:
+        self.kind = kind
+        self.job_id = job_id
+        self.group_id = job_id
+        self.attempt = attempt
+        OutboxError.__init__(
+            self,
+            f"Lease of {kind} #{job_id} (attempt {attempt}) is lost: the job was rescued "
+            "and started again, or finished. This worker must stop without side effects.",
+        )

@@ -49,3 +49,19 @@ def prune() -> list[dict[str, Any]]:
     from django_outbox.prune import prune_all
 
     return [vars(result) for result in prune_all()]
+
+
+def dispatch_unique(kind: str | None = None) -> list[dict[str, Any]]:
+    """Dispatch one unique-job kind (``app_label.ModelName``), or every kind when None."""
+    from django_outbox.unique.dispatch import dispatch, dispatch_all
+    from django_outbox.unique.options import get_kind
+
+    results = [dispatch(get_kind(kind))] if kind else dispatch_all()
+    return [vars(result) for result in results]
+
+
+def run_unique_job(kind: str, job_id: int, attempt: int) -> str:
+    """Run attempt *attempt* of unique job *job_id* of *kind*."""
+    from django_outbox.unique.execute import execute_job
+
+    return execute_job(kind, job_id, attempt).value

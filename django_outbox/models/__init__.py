@@ -6,15 +6,18 @@ from django_outbox.models.groups import GroupState, OutboxGroup
 from django_outbox.models.keys import IdempotencyKey
 from django_outbox.models.staged import StagedJob
 from django_outbox.models.state import StreamState
+from django_outbox.models.unique import JobState, UniqueJob
 
 __all__ = [
     "ArchivedEvent",
     "BufferEvent",
     "GroupState",
     "IdempotencyKey",
+    "JobState",
     "OutboxEvent",
     "OutboxGroup",
     "Outcome",
     "StagedJob",
     "StreamState",
+    "UniqueJob",
 ]

@@ -1,0 +1,233 @@
+"""SQL of unique-job kinds: the conflict-free insert and the dispatch statement.
+
+One :class:`JobTable` per kind and connection. The statements are the same on
+PostgreSQL and SQLite but for the clock, ``SKIP LOCKED`` and the per-kind dispatch
+lock: PostgreSQL takes a transaction-scoped advisory lock so that two dispatchers never
+both fill the same free concurrency slots; SQLite's write lock (``IMMEDIATE``
+transactions) already serializes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Field, Model
+
+from django_outbox.db import _vendor, connection_for
+
+PENDING, RUNNING = "pending", "running"
+#: First key of the advisory lock of a dispatch (the second is the kind's table).
+ADVISORY_NAMESPACE = 7_270_001
+
+
+class JobTable:
+    """Statements over one kind's table; every one a constant cost whatever its size."""
+
+    def __init__(self, model: type[Model]) -> None:
+        from django_outbox.unique.options import kind_options
+
+        self.model = model
+        self.options = kind_options(model)
+        self.connection = connection_for(model)
+        self.alias = self.connection.alias
+        self.vendor = _vendor(self.connection)
+        self.postgres = self.connection.vendor == "postgresql"
+        self.qn = self.connection.ops.quote_name
+        self.table = self.qn(model._meta.db_table)
+        self.now = self.vendor.NOW_SQL
+
+    def columns(self, names: Sequence[str]) -> list[str]:
+        return [self.qn(self.model._meta.get_field(name).column) for name in names]
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, list(params))
+            return cursor.fetchall()
+
+    # -- enqueue ---------------------------------------------------------------------
+
+    def insert_pending(
+        self,
+        values: Sequence[tuple[Field, Any]],
+        process_after: datetime | float | None,
+    ) -> Model | None:
+        """Insert a pending job unless one with the same unique key is pending.
+
+        *values* are (field, database value) pairs of the payload; *process_after* is an
+        aware datetime, seconds from the database's now, or None (now). Returns the new
+        job, or None when the partial unique index said a pending twin exists.
+        """
+        names = [self.qn(field.column) for field, _ in values]
+        placeholders = ["%s"] * len(values)
+        params: list[Any] = [value for _, value in values]
+        if process_after is None:
+            after_sql, after_params = self.now, []
+        elif isinstance(process_after, datetime):
+            after_sql = "%s"
+            after_params = [self.connection.ops.adapt_datetimefield_value(process_after)]
+        else:
+            after_sql, after_params = self.vendor.seconds_from_now(process_after)
+        conflict = ""
+        if self.options.unique_fields:
+            target = ", ".join(self.columns(self.options.unique_fields))
+            conflict = f" ON CONFLICT ({target}) WHERE state = '{PENDING}' DO NOTHING"
+        fields = self.model._meta.concrete_fields
+        returning = ", ".join(self.qn(field.column) for field in fields)
+        columns = [
+            *names,
+            "state",
+            "attempt",
+            "process_after",
+            "created_at",
+            "last_error",
+            "worker",
+        ]
+        placeholders = [*placeholders, "%s", "0", after_sql, self.now, "''", "''"]
+        sql = (
+            f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES ({', '.join(placeholders)})"
+            f"{conflict} RETURNING {returning}"
+        )
+        rows = self._rows(sql, [*params, PENDING, *after_params])
+        if not rows:
+            return None
+        return self._instance(fields, rows[0])
+
+    def _instance(self, fields: Sequence[Field], row: Sequence[Any]) -> Model:
+        """Build a model instance from raw column values, converted as the ORM would."""
+        values = []
+        for field, value in zip(fields, row, strict=True):
+            column = field.get_col(self.model._meta.db_table)
+            converters = self.connection.ops.get_db_converters(column) + field.get_db_converters(
+                self.connection
+            )
+            for convert in converters:
+                value = convert(value, column, self.connection)
+            values.append(value)
+        return self.model.from_db(self.alias, [field.attname for field in fields], values)
+
+    # -- dispatch --------------------------------------------------------------------
+
+    def lock_dispatch(self) -> None:
+        """Serialize dispatchers of this kind until the transaction ends (PostgreSQL)."""
+        if self.postgres:
+            with self.connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                    [ADVISORY_NAMESPACE, self.model._meta.db_table],
+                )
+
+    def count_running(self, cap: int) -> int:
+        """Count running jobs, stopping at *cap* (the kind's concurrency)."""
+        rows = self._rows(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {self.table} WHERE state = %s LIMIT %s) AS r",
+            [RUNNING, cap],
+        )
+        return int(rows[0][0])
+
+    def expired_leases(self, limit: int) -> list[tuple[int, int]]:
+        """Running jobs whose lease expired, as (id, attempt); locked ones are skipped."""
+        lock = " FOR UPDATE SKIP LOCKED" if self.postgres else ""
+        return [
+            (int(pk), int(attempt))
+            for pk, attempt in self._rows(
+                f"SELECT id, attempt FROM {self.table} WHERE state = %s "
+                f"AND lease_expires_at < {self.now} ORDER BY lease_expires_at LIMIT %s{lock}",
+                [RUNNING, limit],
+            )
+        ]
+
+    def _start_set(self) -> tuple[str, list[Any]]:
+        expiry, params = self.vendor.seconds_from_now(self.options.lease_seconds)
+        return (
+            f"SET state = %s, attempt = attempt + 1, lease_expires_at = {expiry}, "
+            "started_at = NULL, finished_at = NULL, worker = ''",
+            [RUNNING, *params],
+        )
+
+    def next_ready_sql(self) -> tuple[str, list[Any]]:
+        """The query of the ids of the next ready jobs that may start, in the kind's order.
+
+        A pending job may start when it is due and no job of its exclusive key is
+        running. With ``created`` ordering no older pending job of its key may exist
+        (due or not: happens-before); with ``ready`` ordering no pending job of its key
+        may be due before it.
+        """
+        options = self.options
+        key = self.columns(options.exclusive_fields)
+        clauses = [f"j.state = %s AND j.process_after <= {self.now}"]
+        params: list[Any] = [PENDING]
+        if key:
+            same = " AND ".join(f"o.{column} = j.{column}" for column in key)
+            clauses.append(
+                f"NOT EXISTS (SELECT 1 FROM {self.table} AS o WHERE o.state = %s AND {same})"
+            )
+            params.append(RUNNING)
+            if not options.one_pending_per_exclusive_key:
+                before = (
+                    "o.id < j.id"
+                    if options.ordering != "ready"
+                    else "(o.process_after, o.id) < (j.process_after, j.id)"
+                )
+                clauses.append(
+                    f"NOT EXISTS (SELECT 1 FROM {self.table} AS o "
+                    f"WHERE o.state = %s AND {same} AND {before})"
+                )
+                params.append(PENDING)
+        order = "j.id" if options.ordering != "ready" else "j.process_after, j.id"
+        lock = " FOR UPDATE SKIP LOCKED" if self.postgres else ""
+        sql = (
+            f"SELECT j.id FROM {self.table} AS j WHERE {' AND '.join(clauses)} "
+            f"ORDER BY {order} LIMIT %s{lock}"
+        )
+        return sql, params
+
+    def start_next(self, limit: int) -> list[tuple[int, int]]:
+        """Mark up to *limit* next ready jobs running (attempt n + 1) in one statement.
+
+        Returns (id, attempt) pairs in the kind's order. Raises IntegrityError if the
+        unique-while-executing index rejects one of them (the caller falls back to
+        :meth:`start_one`).
+        """
+        select, select_params = self.next_ready_sql()
+        assignments, set_params = self._start_set()
+        # A materialized CTE runs the LIMIT query once: as an IN (subquery), PostgreSQL
+        # may run it again for every row of a nested loop and start more than *limit*.
+        rows = self._rows(
+            f"WITH next AS MATERIALIZED ({select}) UPDATE {self.table} {assignments} "
+            "WHERE state = %s AND id IN (SELECT id FROM next) RETURNING id, attempt",
+            [*select_params, limit, *set_params, PENDING],
+        )
+        return sorted((int(pk), int(attempt)) for pk, attempt in rows)
+
+    def next_ready_ids(self, limit: int) -> list[int]:
+        """The ids :meth:`start_next` would start, without starting them (the fallback)."""
+        select, params = self.next_ready_sql()
+        return [int(row[0]) for row in self._rows(select, [*params, limit])]
+
+    def start_one(self, job_id: int) -> tuple[int, int] | None:
+        """Mark one pending job running; None if it is no longer pending."""
+        assignments, set_params = self._start_set()
+        rows = self._rows(
+            f"UPDATE {self.table} {assignments} WHERE id = %s AND state = %s RETURNING id, attempt",
+            [*set_params, job_id, PENDING],
+        )
+        return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    # -- execution -------------------------------------------------------------------
+
+    def take_lease(self, job_id: int, attempt: int, worker: str) -> bool:
+        """Start attempt *attempt* of a dispatched job: renew its lease, stamp the start.
+
+        Fenced by the attempt and by ``started_at IS NULL``, so a second delivery of the
+        same django-q2 task (or a task of a lost attempt) takes nothing.
+        """
+        expiry, expiry_params = self.vendor.seconds_from_now(self.options.lease_seconds)
+        rows = self._rows(
+            f"UPDATE {self.table} SET lease_expires_at = {expiry}, started_at = {self.now}, "
+            "worker = %s WHERE id = %s AND attempt = %s AND state = %s AND started_at IS NULL "
+            "RETURNING id",
+            [*expiry_params, worker, job_id, attempt, RUNNING],
+        )
+        return bool(rows)

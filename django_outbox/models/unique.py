@@ -1,0 +1,225 @@
+"""Unique jobs: one table per job kind, declared by subclassing :class:`UniqueJob`.
+
+A kind's rows are its jobs. The state machine::
+
+    pending --dispatch--> running (lease, attempt n) --perform() returned--> processed
+    running --perform() raised--> pending (process_after = now + backoff)  … or failed
+    running --lease expired--> pending (rescued by dispatch, the attempt counted) … or failed
+
+Uniqueness is enforced by partial unique indexes, generated from the kind's options
+when the model class is prepared, so ``makemigrations`` writes them into the app's
+migration: one over the unique fields among pending jobs (unique until executed) and
+one over the exclusive fields among running jobs (unique while executing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models
+from django.db.backends.utils import names_digest
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
+from django.db.models.signals import class_prepared
+from django.dispatch import receiver
+
+from django_outbox.unique.options import KindOptions, kind_options
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    PROCESSED = "processed", "processed"
+    FAILED = "failed", "failed"
+
+
+FINISHED = (JobState.PROCESSED, JobState.FAILED)
+
+#: The fields every kind has, set by django_outbox: never payload, never a unique field.
+BOOKKEEPING_FIELDS = (
+    "id",
+    "state",
+    "attempt",
+    "process_after",
+    "lease_expires_at",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "last_error",
+    "worker",
+)
+
+
+class UniqueJob(models.Model):
+    """Abstract base of a job kind. Subclass it, add payload fields and override ``perform``.
+
+    Options go in a nested ``class Job:`` (see the README, "Unique jobs")::
+
+        class RebuildBlogFeed(UniqueJob):
+            blog = models.ForeignKey(Blog, on_delete=models.CASCADE)
+
+            class Job:
+                unique_fields = ["blog"]
+                max_attempts = 5
+
+            def perform(self, heartbeat):
+                ...
+
+    Create jobs with ``RebuildBlogFeed.enqueue(blog=blog)``, never with ``create()``:
+    ``enqueue`` is what keeps one pending job per key.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    state = models.CharField(
+        max_length=16, choices=JobState.choices, default=JobState.PENDING, editable=False
+    )
+    attempt = models.PositiveIntegerField(
+        default=0, editable=False, help_text="Attempts started so far; the fencing token."
+    )
+    process_after = models.DateTimeField(
+        db_default=Now(), help_text="Not started before this time (database clock)."
+    )
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, default="", editable=False)
+    worker = models.CharField(max_length=255, blank=True, default="", editable=False)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self._meta.label} #{self.pk} ({self.state}, attempt {self.attempt})"
+
+    def perform(self, heartbeat: Callable[[], None]) -> None:
+        """Do the job's work. Override it.
+
+        Call ``heartbeat()`` more often than every ``lease_seconds`` when the work may
+        take longer: it extends the lease and raises ``LeaseLost`` when another worker
+        took the job over, and then you must stop without further side effects.
+        Raising any other exception fails this attempt (retried with backoff).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must override perform(self, heartbeat) with its work."
+        )
+
+    @classmethod
+    def job_options(cls) -> KindOptions:
+        """The kind's effective options."""
+        return kind_options(cls)
+
+    @classmethod
+    def enqueue(
+        cls, *, process_after: datetime | timedelta | None = None, **fields: Any
+    ) -> tuple[UniqueJob, bool]:
+        """Create a job unless an equivalent one is pending; return ``(job, created)``.
+
+        Equivalent means the same values of the unique fields: the pending job is
+        returned unchanged (its other fields and its ``process_after`` are kept).
+        *process_after* (an aware datetime, or a delay from the database's now) holds
+        the job back. One ``INSERT … ON CONFLICT DO NOTHING`` in the caller's
+        transaction; dispatch is kicked right after it commits.
+        """
+        from django_outbox.unique.enqueue import enqueue
+
+        return enqueue(cls, fields, process_after=process_after)
+
+    @classmethod
+    def dispatch(cls) -> int:
+        """Hand the next ready jobs to django-q2 now; return how many (what the schedule does)."""
+        from django_outbox.unique.dispatch import dispatch
+
+        return dispatch(cls).dispatched
+
+    @classmethod
+    def prunable(cls) -> QuerySet:
+        """Processed and failed jobs that finished longer than ``retention_days`` ago."""
+        days = kind_options(cls).retention_days
+        return cls._default_manager.filter(
+            state__in=FINISHED, finished_at__lt=Now() - timedelta(days=days)
+        )
+
+
+def index_name(table: str, role: str, fields: Sequence[str]) -> str:
+    """A name of at most 30 characters, unique per table, role and fields.
+
+    Index and constraint names are global in a database, and Django limits them to 30
+    characters: ``%(class)s`` placeholders do not fit, a digest does.
+    """
+    digest = names_digest(table, role, *fields, length=8)
+    return f"{table[:12].rstrip('_')}_{role}_{digest}"
+
+
+@receiver(class_prepared)
+def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
+    """Give each concrete kind the partial indexes its options call for.
+
+    * unique fields among pending jobs (unique until executed; ``enqueue``'s conflict
+      target);
+    * exclusive fields among running jobs (unique while executing);
+    * the dispatch order among pending jobs: ``id`` (``created``) or
+      ``process_after, id`` (``ready``), and the exclusive key when several jobs of a
+      key can be pending;
+    * running jobs by lease expiry (the concurrency count and the rescue);
+    * finished jobs by finish time (pruning).
+
+    They are added to ``Meta.indexes``/``constraints`` and to the options Django's
+    migration state reads, so ``makemigrations`` writes them even when the kind
+    declares a ``Meta`` of its own.
+    """
+    if not issubclass(sender, UniqueJob) or sender._meta.abstract or sender._meta.proxy:
+        return
+    options = kind_options(sender)
+    columns = {field.name for field in sender._meta.local_fields}
+    if not set(options.unique_fields) | set(options.exclusive_fields) <= columns:
+        return  # an unknown field: check E072 reports it, makemigrations must not crash
+    table = sender._meta.db_table
+    pending = Q(state=JobState.PENDING)
+    running = Q(state=JobState.RUNNING)
+    constraints: list[models.BaseConstraint] = []
+    if options.unique_fields:
+        constraints.append(
+            models.UniqueConstraint(
+                fields=list(options.unique_fields),
+                condition=pending,
+                name=index_name(table, "pend", options.unique_fields),
+            )
+        )
+    if options.exclusive_fields:
+        constraints.append(
+            models.UniqueConstraint(
+                fields=list(options.exclusive_fields),
+                condition=running,
+                name=index_name(table, "run", options.exclusive_fields),
+            )
+        )
+    order = ["id"] if options.ordering != "ready" else ["process_after", "id"]
+    indexes = [models.Index(fields=order, condition=pending, name=index_name(table, "next", order))]
+    if options.exclusive_fields and not options.one_pending_per_exclusive_key:
+        key = [*options.exclusive_fields, "id"]
+        indexes.append(
+            models.Index(fields=key, condition=pending, name=index_name(table, "key", key))
+        )
+    indexes.append(
+        models.Index(
+            fields=["lease_expires_at"],
+            condition=running,
+            name=index_name(table, "lease", ["lease_expires_at"]),
+        )
+    )
+    indexes.append(
+        models.Index(
+            fields=["finished_at"],
+            condition=Q(state__in=FINISHED),
+            name=index_name(table, "done", ["finished_at"]),
+        )
+    )
+    ours = {item.name for item in [*constraints, *indexes]}
+    meta = sender._meta
+    meta.constraints = [c for c in meta.constraints if c.name not in ours] + constraints
+    meta.indexes = [i for i in meta.indexes if i.name not in ours] + indexes
+    meta.original_attrs["constraints"] = meta.constraints
+    meta.original_attrs["indexes"] = meta.indexes

@@ -1,0 +1,201 @@
+"""System checks of unique-job kinds: ids ``django_outbox.E070`` to ``E079``.
+
+Each concrete subclass of ``UniqueJob`` is checked for the options of its ``class Job:``
+and for a ``perform()`` of its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, register
+
+from django_outbox.checks import _cluster_options, _is_positive_int
+from django_outbox.models.unique import BOOKKEEPING_FIELDS
+from django_outbox.unique.options import DEFAULTS, ORDERINGS, declared_options
+
+POSITIVE_INT_OPTIONS = (
+    "max_attempts",
+    "concurrency",
+    "lease_seconds",
+    "retention_days",
+    "dispatch_every_minutes",
+)
+FIELD_OPTIONS = ("unique_fields", "unique_while_executing")
+
+
+@register()
+def check_unique_kinds(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from django_outbox.unique.options import all_kinds
+
+    errors: list[CheckMessage] = []
+    for model in all_kinds():
+        if app_configs is None or model._meta.app_config in app_configs:
+            errors.extend(check_kind(model))
+    return errors
+
+
+def check_kind(model: type) -> list[CheckMessage]:
+    """Return the errors of one kind's options and ``perform()``."""
+    label = model._meta.label
+    job = getattr(model, "Job", None)
+    if job is not None and not inspect.isclass(job):
+        return [
+            Error(
+                f"{label}.Job must be a class of options, not {type(job).__name__}.",
+                hint='Declare "class Job:" inside the model with options as class attributes, '
+                'for example unique_fields = ["blog"].',
+                obj=model,
+                id="django_outbox.E079",
+            )
+        ]
+    declared = declared_options(model)
+    merged = {**DEFAULTS, **declared}
+    errors: list[CheckMessage] = []
+    unknown = sorted(set(declared) - set(DEFAULTS))
+    if unknown:
+        errors.append(
+            Error(
+                f"{label}.Job has unknown options: {', '.join(unknown)}.",
+                hint=f"Known options: {', '.join(sorted(DEFAULTS))}.",
+                obj=model,
+                id="django_outbox.E070",
+            )
+        )
+    for option in FIELD_OPTIONS:
+        errors.extend(_check_fields(model, option, merged[option]))
+    if merged["ordering"] not in ORDERINGS:
+        errors.append(
+            Error(
+                f"{label}.Job.ordering must be 'created' or 'ready', not {merged['ordering']!r}.",
+                hint="'created': jobs of a key run in creation order, each after the previous "
+                "one finished; 'ready': the first ready job of a key runs first.",
+                obj=model,
+                id="django_outbox.E074",
+            )
+        )
+    for option in POSITIVE_INT_OPTIONS:
+        if not _is_positive_int(merged[option]):
+            errors.append(
+                Error(
+                    f"{label}.Job.{option} must be a positive integer, not {merged[option]!r}.",
+                    hint=f"Remove it to use the default ({DEFAULTS[option]}) or give a whole "
+                    "number greater than 0.",
+                    obj=model,
+                    id="django_outbox.E075",
+                )
+            )
+    errors.extend(_check_backoff(model, merged["backoff_seconds"], merged["backoff_max_seconds"]))
+    errors.extend(_check_cluster(model, merged["cluster"]))
+    if getattr(model.perform, "__qualname__", "") == "UniqueJob.perform":
+        errors.append(
+            Error(
+                f"{label} does not override perform().",
+                hint="Define perform(self, heartbeat) on the model with the job's work.",
+                obj=model,
+                id="django_outbox.E078",
+            )
+        )
+    return errors
+
+
+def _check_fields(model: type, option: str, value: Any) -> list[CheckMessage]:
+    label = model._meta.label
+    if value is None and option == "unique_while_executing":
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        return [
+            Error(
+                f"{label}.Job.{option} must be a list of field names, not {value!r}.",
+                hint=f'For example {option} = ["blog"] (a list, even for one field).',
+                obj=model,
+                id="django_outbox.E071",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    concrete = {field.name: field for field in model._meta.concrete_fields}
+    for name in value:
+        field = concrete.get(name)
+        if field is None or name in BOOKKEEPING_FIELDS:
+            own = sorted(set(concrete) - set(BOOKKEEPING_FIELDS))
+            errors.append(
+                Error(
+                    f"{label}.Job.{option} names {name!r}, which is not a payload field of "
+                    "the model.",
+                    hint=f"Use the model's own fields: {', '.join(own) or 'none declared'}.",
+                    obj=model,
+                    id="django_outbox.E072",
+                )
+            )
+        elif field.null:
+            errors.append(
+                Error(
+                    f"{label}.Job.{option} names {name!r}, which is nullable: jobs whose "
+                    f"{name} is NULL never conflict, so they would not be unique.",
+                    hint=f"Declare {name} with null=False.",
+                    obj=model,
+                    id="django_outbox.E073",
+                )
+            )
+    return errors
+
+
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _check_backoff(model: type, base: Any, cap: Any) -> list[CheckMessage]:
+    label = model._meta.label
+    bad = [
+        (name, value)
+        for name, value in (("backoff_seconds", base), ("backoff_max_seconds", cap))
+        if not _is_positive_number(value)
+    ]
+    if bad:
+        name, value = bad[0]
+        return [
+            Error(
+                f"{label}.Job.{name} must be a positive number of seconds, not {value!r}.",
+                hint=f"Remove it to use the default ({DEFAULTS[name]}) or give a number "
+                "greater than 0.",
+                obj=model,
+                id="django_outbox.E076",
+            )
+        ]
+    if cap < base:
+        return [
+            Error(
+                f"{label}.Job.backoff_max_seconds ({cap}) is below backoff_seconds ({base}).",
+                hint="The cap of the exponential backoff must be at least its base delay.",
+                obj=model,
+                id="django_outbox.E076",
+            )
+        ]
+    return []
+
+
+def _check_cluster(model: type, cluster: Any) -> list[CheckMessage]:
+    label = model._meta.label
+    if cluster is not None and not (isinstance(cluster, str) and cluster):
+        return [
+            Error(
+                f"{label}.Job.cluster must be the name of a django-q2 cluster or None, "
+                f"not {cluster!r}.",
+                hint="Remove it to use the default cluster.",
+                obj=model,
+                id="django_outbox.E077",
+            )
+        ]
+    if cluster is not None and _cluster_options(cluster) is None:
+        return [
+            Error(
+                f"{label}.Job.cluster names {cluster!r}, which Q_CLUSTER['ALT_CLUSTERS'] "
+                "does not define.",
+                hint=f"Add it to Q_CLUSTER['ALT_CLUSTERS'] and run a qcluster with "
+                f"Q_CLUSTER_NAME={cluster}, or remove cluster.",
+                obj=model,
+                id="django_outbox.E077",
+            )
+        ]
+    return []

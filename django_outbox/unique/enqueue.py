@@ -1,0 +1,134 @@
+"""Enqueue: one ``INSERT … ON CONFLICT DO NOTHING`` against the pending-jobs unique index.
+
+Never check-then-insert: the partial unique index over the unique fields among pending
+jobs decides, so concurrent enqueues of the same key leave exactly one pending job.
+The dispatch of the kind is kicked once right after the caller's transaction commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models.expressions import DatabaseDefault
+from django.utils import timezone
+
+from django_outbox.db.unique import JobTable
+from django_outbox.exceptions import JobError
+from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState
+
+if TYPE_CHECKING:
+    from django_outbox.models.unique import UniqueJob
+
+logger = logging.getLogger("django_outbox")
+
+#: Enqueuing loops at most this many times when the pending twin it conflicted with was
+#: dispatched before it could be read (each round trip means the key had a pending job
+#: that just started, so the next insert normally succeeds).
+MAX_ROUNDS = 5
+
+
+def enqueue(
+    model: type[UniqueJob],
+    fields: dict[str, Any],
+    *,
+    process_after: datetime | timedelta | None = None,
+) -> tuple[UniqueJob, bool]:
+    """Create a job of *model* unless one with the same unique key is pending."""
+    reserved = sorted(set(fields) & set(BOOKKEEPING_FIELDS))
+    if reserved:
+        raise JobError(
+            f"{model._meta.label}.enqueue() got {', '.join(reserved)}: these fields are "
+            "managed by django_outbox. Pass only the kind's own fields (and process_after)."
+        )
+    after = _process_after(model, process_after)
+    try:
+        draft = model(**fields)
+    except TypeError as exc:
+        raise JobError(f"{model._meta.label}.enqueue(): {exc}") from exc
+    table = JobTable(model)
+    values = _payload_values(draft, table)
+    unique = {
+        model._meta.get_field(name).attname: getattr(draft, model._meta.get_field(name).attname)
+        for name in table.options.unique_fields
+    }
+    for _ in range(MAX_ROUNDS):
+        job = table.insert_pending(values, after)
+        if job is not None:
+            kick_after_commit(model, table.alias)
+            return job, True
+        existing = (
+            model._default_manager.using(table.alias)
+            .filter(state=JobState.PENDING, **unique)
+            .first()
+        )
+        if existing is not None:
+            return existing, False
+    raise JobError(
+        f"{model._meta.label}.enqueue() kept conflicting with a pending job that started "
+        f"before it could be read ({MAX_ROUNDS} times); try again."
+    )
+
+
+def _process_after(
+    model: type[UniqueJob], value: datetime | timedelta | None
+) -> datetime | float | None:
+    if value is None or (isinstance(value, datetime) and timezone.is_aware(value)):
+        return value
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    raise JobError(
+        f"{model._meta.label}.enqueue(process_after=...) takes an aware datetime or a "
+        f"timedelta from now, not {value!r}."
+    )
+
+
+def _payload_values(draft: UniqueJob, table: JobTable) -> list[tuple[Any, Any]]:
+    """The (field, database value) pairs of the draft's payload fields, as save() would."""
+    values = []
+    for field in type(draft)._meta.concrete_fields:
+        if field.name in BOOKKEEPING_FIELDS:
+            continue
+        value = field.pre_save(draft, add=True)
+        if isinstance(value, DatabaseDefault):
+            continue
+        values.append((field, field.get_db_prep_save(value, table.connection)))
+    return values
+
+
+# -- the kick after commit -------------------------------------------------------------
+
+_kicks = threading.local()
+
+
+def kick_after_commit(model: type[UniqueJob], alias: str) -> None:
+    """Dispatch *model* right after the current transaction commits (once per commit).
+
+    Kinds to kick are remembered per thread; the first callback after a commit
+    dispatches each once. A rolled-back transaction leaves its kind remembered, so the
+    next commit dispatches it too: one spare dispatch, never a lost one.
+    """
+    pending: set[tuple[str, str]] = getattr(_kicks, "kinds", None) or set()
+    pending.add((alias, model._meta.label))
+    _kicks.kinds = pending
+    transaction.on_commit(_dispatch_kicked, using=alias, robust=True)
+
+
+def _dispatch_kicked() -> None:
+    from django_outbox.unique.dispatch import dispatch
+    from django_outbox.unique.options import get_kind
+
+    kinds: set[tuple[str, str]] = getattr(_kicks, "kinds", None) or set()
+    _kicks.kinds = set()
+    for _, label in sorted(kinds):
+        try:
+            dispatch(get_kind(label))
+        except Exception:  # the enqueue has committed; the schedule dispatches later
+            logger.warning(
+                "Dispatching %s after an enqueue failed; its schedule will dispatch it.",
+                label,
+                exc_info=True,
+            )

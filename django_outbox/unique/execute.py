@@ -1,0 +1,210 @@
+"""Execute: run one attempt of a dispatched job under its lease.
+
+The django-q2 task carries the job's id and the attempt number dispatch gave it. The
+attempt is the fencing token: taking the lease, heartbeating, finishing and recording a
+failure all match only a job still ``running`` that attempt, so a worker that lost its
+lease (a rescue after it stalled, a duplicate delivery) changes nothing. Every time is
+the database's.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import traceback
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
+
+from django_outbox.backoff import backoff_seconds
+from django_outbox.db import connection_for
+from django_outbox.db.transient import retry_transient
+from django_outbox.db.unique import JobTable
+from django_outbox.exceptions import JobLeaseLost, LeaseLost, PermanentFailure
+from django_outbox.models.unique import JobState
+from django_outbox.process import ERROR_LIMIT, worker_identity
+from django_outbox.unique.options import get_kind, kind_options
+
+if TYPE_CHECKING:
+    from django_outbox.models.unique import UniqueJob
+
+logger = logging.getLogger("django_outbox")
+
+LEASE_EXPIRED = (
+    "The lease of attempt {attempt} expired: its worker died, stalled, or was stopped by "
+    "the django-q2 timeout. Call heartbeat() more often than lease_seconds in long jobs."
+)
+SUPERSEDED_NOTE = (
+    "Not retried: job #{twin} with the same unique fields was enqueued meanwhile and is "
+    "pending; it does the same work."
+)
+
+
+class JobOutcome(enum.StrEnum):
+    PROCESSED = "processed"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+    SKIPPED = "skipped"
+    LEASE_LOST = "lease_lost"
+
+
+def fenced(model: type[UniqueJob], job_id: int, attempt: int) -> QuerySet:
+    """The job, only while it is running the given attempt."""
+    return model._default_manager.using(connection_for(model).alias).filter(
+        pk=job_id, attempt=attempt, state=JobState.RUNNING
+    )
+
+
+class Heartbeat:
+    """Passed to ``perform()``: call it to extend the lease; it raises when the lease is lost."""
+
+    def __init__(self, model: type[UniqueJob], job_id: int, attempt: int) -> None:
+        self.model = model
+        self.job_id = job_id
+        self.attempt = attempt
+        self.lease = timedelta(seconds=kind_options(model).lease_seconds)
+
+    def __call__(self) -> None:
+        """Extend the lease by ``lease_seconds`` from now; raise :class:`LeaseLost` if gone."""
+        extended = fenced(self.model, self.job_id, self.attempt).update(
+            lease_expires_at=Now() + self.lease
+        )
+        if not extended:
+            raise JobLeaseLost(self.model._meta.label, self.job_id, self.attempt)
+
+
+def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
+    """Run attempt *attempt* of a job: take the lease, ``perform()``, record the outcome.
+
+    Then dispatch the kind again, since this job's slot is free. Always returns.
+    """
+    model = get_kind(label)
+    table = JobTable(model)
+    if not table.take_lease(job_id, attempt, worker_identity()):
+        logger.info("%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt)
+        return JobOutcome.SKIPPED
+    job = model._default_manager.using(table.alias).get(pk=job_id)
+    try:
+        job.perform(Heartbeat(model, job_id, attempt))
+    except LeaseLost:
+        logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
+        outcome = JobOutcome.LEASE_LOST
+    except Exception as exc:
+        outcome = retry_or_fail(
+            model, job_id, attempt, describe(exc), permanent=isinstance(exc, PermanentFailure)
+        )
+    else:
+        outcome = finish(model, job_id, attempt)
+    _dispatch_next(model)
+    return outcome
+
+
+def finish(model: type[UniqueJob], job_id: int, attempt: int) -> JobOutcome:
+    """Mark the job processed, fenced by its attempt."""
+    done = fenced(model, job_id, attempt).update(
+        state=JobState.PROCESSED, finished_at=Now(), lease_expires_at=None, last_error=""
+    )
+    if not done:
+        logger.warning(
+            "%s #%s finished attempt %s after losing its lease; not marked processed.",
+            model._meta.label,
+            job_id,
+            attempt,
+        )
+        return JobOutcome.LEASE_LOST
+    return JobOutcome.PROCESSED
+
+
+def retry_or_fail(
+    model: type[UniqueJob],
+    job_id: int,
+    attempt: int,
+    error: str,
+    *,
+    delay: float | None = None,
+    permanent: bool = False,
+) -> JobOutcome:
+    """Record a failed or lost attempt: back to pending after a backoff, or failed.
+
+    Failed when *permanent* or when it was the last attempt. A job whose key got a new
+    pending job while it ran cannot go back to pending (the unique index holds one
+    pending job per key): it is failed with a note naming the pending job, which does
+    the same work. *delay* overrides the backoff (0 for a rescued job).
+    """
+    options = kind_options(model)
+    alias = connection_for(model).alias
+    error = error[-ERROR_LIMIT:]
+
+    def failure_transaction() -> JobOutcome:
+        with transaction.atomic(using=alias):
+            job = fenced(model, job_id, attempt)
+            if permanent or attempt >= options.max_attempts:
+                return _fail(job, error)
+            wait = delay
+            if wait is None:
+                wait = backoff_seconds(
+                    attempt, options.backoff_seconds, options.backoff_max_seconds
+                )
+            try:
+                with transaction.atomic(using=alias):
+                    retried = job.update(
+                        state=JobState.PENDING,
+                        process_after=Now() + timedelta(seconds=wait) if wait else Now(),
+                        lease_expires_at=None,
+                        last_error=error,
+                    )
+            except IntegrityError:
+                twin = _pending_twin(model, job_id, alias)
+                outcome = _fail(job, f"{error}\n\n{SUPERSEDED_NOTE.format(twin=twin)}")
+                return JobOutcome.SUPERSEDED if outcome is JobOutcome.FAILED else outcome
+            return JobOutcome.RETRYING if retried else JobOutcome.LEASE_LOST
+
+    outcome = retry_transient(
+        failure_transaction, alias, what=f"failure of {model._meta.label} #{job_id}"
+    )
+    log = logger.error if outcome in (JobOutcome.FAILED, JobOutcome.SUPERSEDED) else logger.warning
+    log(
+        "%s #%s attempt %s of %s failed (%s): %s",
+        model._meta.label,
+        job_id,
+        attempt,
+        options.max_attempts,
+        outcome.value,
+        error.strip().splitlines()[-1] if error.strip() else "",
+    )
+    return outcome
+
+
+def _fail(job: QuerySet, error: str) -> JobOutcome:
+    failed = job.update(
+        state=JobState.FAILED, finished_at=Now(), lease_expires_at=None, last_error=error
+    )
+    return JobOutcome.FAILED if failed else JobOutcome.LEASE_LOST
+
+
+def _pending_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | None:
+    manager = model._default_manager.using(alias)
+    names = [model._meta.get_field(name).attname for name in kind_options(model).unique_fields]
+    key = manager.filter(pk=job_id).values(*names).first() or {}
+    return manager.filter(state=JobState.PENDING, **key).values_list("pk", flat=True).first()
+
+
+def _dispatch_next(model: type[UniqueJob]) -> None:
+    from django_outbox.unique.dispatch import dispatch
+
+    try:
+        dispatch(model)
+    except Exception:  # the outcome is recorded; the schedule dispatches later
+        logger.warning(
+            "Dispatch of %s after a job finished failed; its schedule will dispatch.",
+            model._meta.label,
+            exc_info=True,
+        )
+
+
+def describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).strip()[-ERROR_LIMIT:]

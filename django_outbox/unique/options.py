@@ -1,0 +1,124 @@
+"""The options of a unique-job kind, declared in a nested ``class Job:`` on the model.
+
+Options are read once per model class. They are not validated here: the system checks
+in :mod:`django_outbox.unique.checks` report bad values with a hint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django_outbox.models.unique import UniqueJob
+
+ORDERINGS = ("created", "ready")
+
+DEFAULTS: dict[str, Any] = {
+    "unique_fields": (),
+    "unique_while_executing": None,
+    "ordering": "created",
+    "max_attempts": 5,
+    "backoff_seconds": 10,
+    "backoff_max_seconds": 3600,
+    "concurrency": 10,
+    "lease_seconds": 300,
+    "cluster": None,
+    "retention_days": 7,
+    "dispatch_every_minutes": 1,
+}
+
+
+@dataclass(frozen=True)
+class KindOptions:
+    """The effective options of one kind (its ``class Job:`` merged over the defaults).
+
+    ``unique_fields`` make a job unique until executed (one pending job per key);
+    ``exclusive_fields`` (``unique_while_executing``, by default the unique fields) make
+    it unique while executing (one running job per key) and relate jobs for ordering.
+    """
+
+    unique_fields: tuple[str, ...]
+    exclusive_fields: tuple[str, ...]
+    ordering: str
+    max_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+    concurrency: int
+    lease_seconds: int
+    cluster: str | None
+    retention_days: int
+    dispatch_every_minutes: int
+
+    @property
+    def one_pending_per_exclusive_key(self) -> bool:
+        """Whether jobs sharing an exclusive key can never be pending side by side.
+
+        True when the unique fields are a non-empty subset of the exclusive fields: two
+        jobs with the same exclusive key then have the same unique key too.
+        """
+        return bool(self.unique_fields) and set(self.unique_fields) <= set(self.exclusive_fields)
+
+
+def declared_options(model: type[UniqueJob]) -> dict[str, Any]:
+    """Return the public attributes of the model's ``class Job:`` (inherited ones too)."""
+    job = getattr(model, "Job", None)
+    if job is None:
+        return {}
+    return {name: getattr(job, name) for name in dir(job) if not name.startswith("_")}
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return ()  # malformed: reported by check E071
+
+
+def kind_options(model: type[UniqueJob]) -> KindOptions:
+    """Return *model*'s effective options, cached on the class."""
+    cached = model.__dict__.get("_kind_options")
+    if cached is not None:
+        return cached
+    merged = {**DEFAULTS, **declared_options(model)}
+    unique = _names(merged["unique_fields"])
+    exclusive = merged["unique_while_executing"]
+    options = KindOptions(
+        unique_fields=unique,
+        exclusive_fields=unique if exclusive is None else _names(exclusive),
+        ordering=merged["ordering"],
+        max_attempts=merged["max_attempts"],
+        backoff_seconds=merged["backoff_seconds"],
+        backoff_max_seconds=merged["backoff_max_seconds"],
+        concurrency=merged["concurrency"],
+        lease_seconds=merged["lease_seconds"],
+        cluster=merged["cluster"],
+        retention_days=merged["retention_days"],
+        dispatch_every_minutes=merged["dispatch_every_minutes"],
+    )
+    model._kind_options = options
+    return options
+
+
+def all_kinds() -> list[type[UniqueJob]]:
+    """Every concrete unique-job kind of the installed apps."""
+    from django.apps import apps
+
+    from django_outbox.models.unique import UniqueJob
+
+    return [
+        model
+        for model in apps.get_models()
+        if issubclass(model, UniqueJob) and not model._meta.proxy
+    ]
+
+
+def get_kind(label: str) -> type[UniqueJob]:
+    """Return the kind named ``app_label.ModelName``; raise LookupError for any other."""
+    from django.apps import apps
+
+    from django_outbox.models.unique import UniqueJob
+
+    model = apps.get_model(label)
+    if not issubclass(model, UniqueJob):
+        raise LookupError(f"{label} is not a unique-job kind (a subclass of UniqueJob).")
+    return model

@@ -1,0 +1,428 @@
+"""Unique jobs, fast tier: enqueue, dispatch, execute and fencing, inline (no cluster).
+
+Jobs handed to django-q2 are captured (``transport.capture``) and run in this process
+with the same code the cluster runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+
+from django_outbox import transport
+from django_outbox.db import database_now
+from django_outbox.db.unique import JobTable
+from django_outbox.exceptions import JobError, JobLeaseLost, LeaseLost
+from django_outbox.models import JobState
+from django_outbox.unique.dispatch import RUN, dispatch
+from django_outbox.unique.execute import Heartbeat, JobOutcome, execute_job, finish, retry_or_fail
+from tests.uniqueapp.models import (
+    BeatingJob,
+    JobRun,
+    KeyedJob,
+    OrderedJob,
+    ReadyJob,
+    ThrottledJob,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_all(queue: deque[transport.Job]) -> list[str]:
+    """Run captured jobs, and the jobs they enqueue, until none is left; return outcomes."""
+    outcomes = []
+    while queue:
+        job = queue.popleft()
+        assert job.func == RUN
+        outcomes.append(job.run())
+    return outcomes
+
+
+def started(queue: deque[transport.Job]) -> list[tuple[str, int, int]]:
+    return [job.args for job in queue]
+
+
+# -- enqueue ---------------------------------------------------------------------------
+
+
+def test_enqueue_creates_a_pending_job_then_returns_it_while_it_is_pending():
+    with transport.capture(), transaction.atomic():
+        first, created = KeyedJob.enqueue(key="a", note="first")
+        again, created_again = KeyedJob.enqueue(key="a", note="second")
+        other, created_other = KeyedJob.enqueue(key="b")
+
+    assert (created, created_again, created_other) == (True, False, True)
+    assert again.pk == first.pk and again.note == "first"
+    assert other.pk != first.pk
+    assert first.state == JobState.PENDING and first.attempt == 0
+    assert first.created_at is not None and first.process_after is not None
+    assert KeyedJob.objects.count() == 2
+
+
+def test_a_running_job_does_not_block_a_new_pending_one():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+    assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]
+
+    with transport.capture():
+        newer, created = KeyedJob.enqueue(key="a")
+
+    assert created and newer.pk != job.pk
+    assert dict(KeyedJob.objects.values_list("pk", "state")) == {
+        job.pk: JobState.RUNNING,
+        newer.pk: JobState.PENDING,
+    }
+
+
+def test_enqueue_takes_process_after_as_a_delay_from_the_database_clock():
+    before = database_now()
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="later", process_after=timedelta(hours=1))
+    after = database_now()
+
+    assert not queue, "a job held back must not be dispatched"
+    assert before + timedelta(hours=1) <= job.process_after <= after + timedelta(hours=1)
+
+
+def test_enqueue_rejects_managed_fields_and_naive_datetimes():
+    with pytest.raises(JobError) as managed:
+        KeyedJob.enqueue(key="a", state="running")
+    with pytest.raises(JobError) as naive:
+        KeyedJob.enqueue(key="a", process_after=database_now().replace(tzinfo=None))
+
+    assert str(managed.value) == (
+        "uniqueapp.KeyedJob.enqueue() got state: these fields are managed by django_outbox. "
+        "Pass only the kind's own fields (and process_after)."
+    )
+    assert str(naive.value).startswith(
+        "uniqueapp.KeyedJob.enqueue(process_after=...) takes an aware datetime or a timedelta"
+    )
+    assert not KeyedJob.objects.exists()
+
+
+def test_a_rolled_back_enqueue_leaves_nothing_and_dispatches_nothing():
+    with transport.capture() as queue:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            KeyedJob.enqueue(key="a")
+            raise RuntimeError("rollback")
+    assert not queue and not KeyedJob.objects.exists()
+
+
+def test_the_pending_index_rejects_a_second_pending_job_written_around_enqueue():
+    KeyedJob.objects.create(key="a")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        KeyedJob.objects.create(key="a")
+
+
+# -- dispatch --------------------------------------------------------------------------
+
+
+def test_dispatch_after_commit_starts_the_job_with_attempt_one_and_a_lease():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            job, _ = KeyedJob.enqueue(key="a")
+            assert not queue, "nothing is dispatched before the commit"
+    job.refresh_from_db()
+
+    assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]
+    assert (job.state, job.attempt, job.started_at) == (JobState.RUNNING, 1, None)
+    assert job.lease_expires_at > database_now()
+
+
+def test_dispatch_honours_the_concurrency_limit():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            for n in range(5):
+                ThrottledJob.enqueue(key=f"k{n}")
+        assert len(queue) == 2
+        assert dispatch(ThrottledJob).dispatched == 0
+    assert ThrottledJob.objects.filter(state=JobState.RUNNING).count() == 2
+
+
+def test_finishing_a_job_frees_its_slot_and_dispatches_the_next():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            jobs = [ThrottledJob.enqueue(key=f"k{n}")[0] for n in range(5)]
+        outcomes = run_all(queue)
+
+    assert outcomes == [JobOutcome.PROCESSED.value] * 5
+    assert list(JobRun.objects.order_by("id").values_list("job_id", flat=True)) == [
+        job.pk for job in jobs
+    ]
+    assert set(ThrottledJob.objects.values_list("state", flat=True)) == {JobState.PROCESSED}
+
+
+def test_a_job_of_a_running_key_waits_until_that_key_is_free():
+    with transport.capture() as queue:
+        running, _ = KeyedJob.enqueue(key="a")
+        waiting, _ = KeyedJob.enqueue(key="a")
+        assert started(queue) == [("uniqueapp.KeyedJob", running.pk, 1)]
+        assert dispatch(KeyedJob).dispatched == 0
+        run_all(queue)
+
+    assert list(JobRun.objects.order_by("id").values_list("job_id", flat=True)) == [
+        running.pk,
+        waiting.pk,
+    ]
+
+
+def test_the_running_index_is_the_final_guard_of_a_key():
+    with transport.capture(), transaction.atomic():
+        first, _ = OrderedJob.enqueue(key="a", seq=1)
+        second, _ = OrderedJob.enqueue(key="a", seq=2)
+    assert OrderedJob.objects.get(pk=first.pk).state == JobState.RUNNING
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        JobTable(OrderedJob).start_one(second.pk)
+
+
+def test_dispatch_falls_back_to_one_by_one_when_the_running_index_objects(monkeypatch):
+    """A query that forgot the running keys: the index rejects the job, the others start."""
+    with transport.capture(), transaction.atomic():
+        OrderedJob.enqueue(key="a", seq=1, process_after=timedelta(hours=1))
+        blocked, _ = OrderedJob.enqueue(key="a", seq=2, process_after=timedelta(hours=1))
+        free, _ = OrderedJob.enqueue(key="b", seq=1, process_after=timedelta(hours=1))
+    OrderedJob.objects.filter(seq=1, key="a").update(state=JobState.RUNNING, attempt=1)
+    OrderedJob.objects.update(process_after=Now())
+
+    def careless(self):
+        return (
+            "SELECT j.id FROM uniqueapp_orderedjob AS j WHERE j.state = %s ORDER BY j.id LIMIT %s",
+            ["pending"],
+        )
+
+    monkeypatch.setattr(JobTable, "next_ready_sql", careless)
+    with transport.capture() as queue:
+        result = dispatch(OrderedJob)
+
+    assert result.dispatched == 1
+    assert started(queue) == [("uniqueapp.OrderedJob", free.pk, 1)]
+    assert OrderedJob.objects.get(pk=blocked.pk).state == JobState.PENDING
+
+
+def test_created_ordering_holds_later_jobs_behind_an_older_job_that_is_not_ready():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            old, _ = OrderedJob.enqueue(key="a", seq=1, process_after=timedelta(hours=1))
+            OrderedJob.enqueue(key="a", seq=2)
+            other, _ = OrderedJob.enqueue(key="b", seq=1)
+    assert started(queue) == [("uniqueapp.OrderedJob", other.pk, 1)]
+
+    OrderedJob.objects.filter(pk=old.pk).update(process_after=Now())
+    with transport.capture() as queue:
+        dispatch(OrderedJob)
+        assert started(queue) == [("uniqueapp.OrderedJob", old.pk, 1)]
+        run_all(queue)
+    assert list(JobRun.objects.filter(key="a").order_by("id").values_list("seq", flat=True)) == [
+        1,
+        2,
+    ]
+
+
+def test_ready_ordering_serves_the_first_ready_job_of_a_key_and_skips_unready_ones():
+    now = database_now()
+    with transport.capture() as queue:
+        with transaction.atomic():
+            ReadyJob.enqueue(key="a", seq=1, process_after=timedelta(hours=1))
+            ReadyJob.enqueue(key="a", seq=2, process_after=now - timedelta(seconds=1))
+            ReadyJob.enqueue(key="a", seq=3, process_after=now - timedelta(seconds=2))
+        run_all(queue)
+
+    assert list(JobRun.objects.order_by("id").values_list("seq", flat=True)) == [3, 2]
+    assert ReadyJob.objects.get(seq=1).state == JobState.PENDING
+
+
+def test_created_ordering_runs_jobs_of_a_key_in_creation_order_whatever_their_readiness():
+    now = database_now()
+    with transport.capture() as queue:
+        with transaction.atomic():
+            for seq in (1, 2, 3):
+                OrderedJob.enqueue(key="a", seq=seq, process_after=now - timedelta(seconds=seq))
+        run_all(queue)
+
+    assert list(JobRun.objects.order_by("id").values_list("seq", flat=True)) == [1, 2, 3]
+
+
+# -- execution and fencing -------------------------------------------------------------
+
+
+def test_a_failed_attempt_is_retried_after_a_backoff_then_fails_for_good():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a", fail_attempts=10)
+        assert run_all(queue) == [JobOutcome.RETRYING.value]
+        job.refresh_from_db()
+        assert job.state == JobState.PENDING and job.attempt == 1
+        assert "planned failure of attempt 1" in job.last_error
+        lower = database_now() + timedelta(seconds=0.8 * 1 - 0.2)
+        assert job.process_after >= lower, "the retry waits for the backoff"
+        assert dispatch(KeyedJob).dispatched == 0, "not before its process_after"
+
+        for _ in (2, 3):
+            KeyedJob.objects.filter(pk=job.pk).update(process_after=Now())
+            dispatch(KeyedJob)
+            run_all(queue)
+    job.refresh_from_db()
+
+    assert (job.state, job.attempt) == (JobState.FAILED, 3)
+    assert "planned failure of attempt 3" in job.last_error
+    assert job.finished_at is not None and job.lease_expires_at is None
+    assert list(JobRun.objects.values_list("attempt", flat=True).order_by("id")) == [1, 2, 3]
+
+
+def test_the_backoff_grows_with_each_attempt_up_to_its_cap():
+    job = KeyedJob.objects.create(key="a")
+    delays = []
+    for attempt in (1, 2):
+        KeyedJob.objects.filter(pk=job.pk).update(state=JobState.RUNNING, attempt=attempt)
+        before = database_now()
+        assert retry_or_fail(KeyedJob, job.pk, attempt, "boom") is JobOutcome.RETRYING
+        job.refresh_from_db()
+        delays.append((job.process_after - before).total_seconds())
+
+    # base 1 s, cap 2 s, jitter [0.8 d, d]: attempt 1 waits 0.8-1 s, attempt 2 1.6-2 s.
+    assert 0.75 <= delays[0] <= 1.1 and 1.55 <= delays[1] <= 2.1
+
+
+def test_a_success_marks_the_job_processed_and_keeps_its_times():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        assert run_all(queue) == [JobOutcome.PROCESSED.value]
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.last_error) == (JobState.PROCESSED, 1, "")
+    assert job.started_at <= job.finished_at and job.lease_expires_at is None
+    assert job.worker
+
+
+def test_a_second_delivery_of_the_same_attempt_is_skipped():
+    with transport.capture() as queue:
+        KeyedJob.enqueue(key="a")
+    label, pk, attempt = queue[0].args
+    table = JobTable(KeyedJob)
+    assert table.take_lease(pk, attempt, "first worker")
+
+    with transport.capture():
+        assert execute_job(label, pk, attempt) is JobOutcome.SKIPPED
+    assert not JobRun.objects.exists()
+
+
+def test_a_task_of_an_older_attempt_is_skipped():
+    with transport.capture():
+        job, _ = KeyedJob.enqueue(key="a")
+    KeyedJob.objects.filter(pk=job.pk).update(attempt=F("attempt") + 1)  # a rescue happened
+    with transport.capture():
+        assert execute_job("uniqueapp.KeyedJob", job.pk, 1) is JobOutcome.SKIPPED
+
+
+def test_heartbeat_extends_the_lease_and_raises_once_the_attempt_is_gone():
+    with transport.capture():
+        job, _ = BeatingJob.enqueue(key="a")
+    BeatingJob.objects.filter(pk=job.pk).update(lease_expires_at=Now())
+    beat = Heartbeat(BeatingJob, job.pk, 1)
+
+    beat()
+    job.refresh_from_db()
+    assert job.lease_expires_at > database_now() + timedelta(seconds=1)
+
+    BeatingJob.objects.filter(pk=job.pk).update(attempt=2)  # taken over
+    with pytest.raises(LeaseLost) as lost:
+        beat()
+    assert isinstance(lost.value, JobLeaseLost)
+    assert str(lost.value) == (
+        f"Lease of uniqueapp.BeatingJob #{job.pk} (attempt 1) is lost: the job was rescued and "
+        "started again, or finished. This worker must stop without side effects."
+    )
+
+
+def test_a_stale_worker_can_neither_finish_nor_fail_the_job():
+    with transport.capture():
+        job, _ = KeyedJob.enqueue(key="a")
+    KeyedJob.objects.filter(pk=job.pk).update(attempt=2)
+
+    assert finish(KeyedJob, job.pk, 1) is JobOutcome.LEASE_LOST
+    assert retry_or_fail(KeyedJob, job.pk, 1, "late error") is JobOutcome.LEASE_LOST
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.last_error) == (JobState.RUNNING, 2, "")
+
+
+def test_an_expired_lease_is_rescued_and_counts_as_an_attempt():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        queue.clear()  # the worker died with the task
+        KeyedJob.objects.filter(pk=job.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+        result = dispatch(KeyedJob)
+        assert (result.rescued, result.dispatched) == (1, 1)
+        assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 2)]
+        assert run_all(queue) == [JobOutcome.PROCESSED.value]
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.PROCESSED, 2)
+
+
+def test_an_expired_lease_on_the_last_attempt_fails_the_job():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        queue.clear()
+        KeyedJob.objects.filter(pk=job.pk).update(
+            attempt=3, lease_expires_at=Now() - timedelta(seconds=1)
+        )
+        result = dispatch(KeyedJob)
+    job.refresh_from_db()
+    assert (result.rescued, result.exhausted, result.dispatched) == (0, 1, 0)
+    assert (job.state, job.attempt) == (JobState.FAILED, 3)
+    assert job.last_error.startswith("The lease of attempt 3 expired")
+
+
+def test_a_failed_job_whose_key_got_a_new_pending_job_yields_to_it():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a", fail_attempts=1)
+        twin, created = KeyedJob.enqueue(key="a")
+        assert created
+        outcomes = run_all(queue)
+
+    assert outcomes == [JobOutcome.SUPERSEDED.value, JobOutcome.PROCESSED.value]
+    job.refresh_from_db()
+    twin.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert job.last_error.endswith(
+        f"Not retried: job #{twin.pk} with the same unique fields was enqueued meanwhile and "
+        "is pending; it does the same work."
+    )
+    assert twin.state == JobState.PROCESSED
+
+
+def test_a_permanent_failure_skips_the_remaining_attempts(monkeypatch):
+    from django_outbox import PermanentFailure
+
+    def refuse(self, heartbeat):
+        raise PermanentFailure("the blog is gone")
+
+    monkeypatch.setattr(KeyedJob, "perform", refuse)
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        assert run_all(queue) == [JobOutcome.FAILED.value]
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.FAILED, 1)
+    assert "the blog is gone" in job.last_error
+
+
+# -- pruning ---------------------------------------------------------------------------
+
+
+def test_prunable_returns_finished_jobs_older_than_the_retention_only():
+    old_done = KeyedJob.objects.create(key="a", state=JobState.PROCESSED)
+    old_failed = KeyedJob.objects.create(key="b", state=JobState.FAILED)
+    recent = KeyedJob.objects.create(key="c", state=JobState.PROCESSED)
+    pending = KeyedJob.objects.create(key="d")
+    KeyedJob.objects.filter(pk__in=[old_done.pk, old_failed.pk]).update(
+        finished_at=Now() - timedelta(days=7, minutes=1)
+    )
+    KeyedJob.objects.filter(pk=recent.pk).update(finished_at=Now() - timedelta(days=6))
+    KeyedJob.objects.filter(pk=pending.pk).update(created_at=Now() - timedelta(days=30))
+
+    assert set(KeyedJob.prunable().values_list("pk", flat=True)) == {old_done.pk, old_failed.pk}
+    KeyedJob.prunable().delete()
+    assert set(KeyedJob.objects.values_list("pk", flat=True)) == {recent.pk, pending.pk}
