@@ -10,5 +10,14 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.apps import apps
+
         from django_outbox import checks, conf  # noqa: F401  (registers checks and signal handlers)
         from django_outbox.unique import checks as unique_checks  # noqa: F401
+
+        if apps.is_installed("django.contrib.admin"):
+            # After the admin's autodiscover (when "django.contrib.admin" is listed first,
+            # as usual): buffer models the project did not register get our admin.
+            from django_outbox.admin import register_stream_buffers
+
+            register_stream_buffers()

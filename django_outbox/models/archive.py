@@ -30,6 +30,7 @@ class ArchivedEvent(models.Model):
 
     class Meta:
         verbose_name = "archived event"
+        permissions = [("replay_archivedevent", "Can replay dead letters")]
         # Serves pruning by stream, outcome and age, and the counts of status and metrics
         # (rows archived per outcome in a recent window) as index-only scans.
         indexes = [

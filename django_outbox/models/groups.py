@@ -40,6 +40,7 @@ class OutboxGroup(models.Model):
 
     class Meta:
         verbose_name = "group"
+        permissions = [("operate_outboxgroup", "Can retry, release or dead-letter groups")]
         indexes = [models.Index(fields=["stream", "state"], name="outbox_group_stream_state")]
 
     def __str__(self) -> str:

@@ -25,6 +25,7 @@ class StreamState(models.Model):
 
     class Meta:
         verbose_name = "stream state"
+        permissions = [("operate_streamstate", "Can pause and resume streams")]
 
     def __str__(self) -> str:
         return f"{self.stream} ({'paused' if self.paused else 'running'})"

@@ -1,0 +1,411 @@
+"""The Django admin of django_outbox: see and steer streams, groups, archive and jobs.
+
+Rows the pipeline writes are read-only here; what an operator may do is an admin
+action, each backed by a custom permission (``allowed_permissions``), so a view-only
+staff user can look but not act. Changelists of the large tables never run an exact
+``COUNT(*)``: counts stop at :data:`COUNT_CAP`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Count, QuerySet
+from django.db.models.functions import Now, TruncMinute
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from django_outbox.conf import outbox_settings
+from django_outbox.db import connection_for, database_now
+from django_outbox.distribute import requeue_due_groups
+from django_outbox.models import (
+    ArchivedEvent,
+    GroupState,
+    IdempotencyKey,
+    OutboxEvent,
+    OutboxGroup,
+    Outcome,
+    StagedJob,
+    StreamState,
+)
+from django_outbox.process import exhaust_group
+from django_outbox.replay import replay_failed
+from django_outbox.staging import drain
+from django_outbox.status import all_statuses
+from django_outbox.streams import runtime_state, set_paused
+
+#: Changelist counts stop here: paging a table of millions costs the same as one of 10k.
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """A paginator whose count is bounded (the last pages of a huge table are not listed)."""
+
+    @cached_property
+    def count(self) -> int:
+        return self.object_list.values("pk")[:COUNT_CAP].count()
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Machine-written rows: viewable, never added, edited or deleted by hand."""
+
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _has(codename: str):
+    def check(self: admin.ModelAdmin, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"django_outbox.{codename}")
+
+    return check
+
+
+# -- buffers ---------------------------------------------------------------------------
+
+
+class BufferEventAdmin(ReadOnlyAdmin):
+    """Any buffer model: its rows, unclaimed or in a group."""
+
+    list_display = ("id", "created_at", "group_id")
+    list_filter = (("group_id", admin.EmptyFieldListFilter),)
+    search_fields = ("=id", "=group_id")
+    ordering = ("-id",)
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(BufferEventAdmin):
+    list_display = ("id", "stream", "created_at", "group_id")
+    list_filter = ("stream", ("group_id", admin.EmptyFieldListFilter))
+
+
+def register_stream_buffers(site: admin.AdminSite = admin.site) -> None:
+    """Register every custom buffer model bound to a stream, unless the project did."""
+    for stream in outbox_settings().streams.values():
+        model = stream.model_class
+        if not site.is_registered(model):
+            site.register(model, BufferEventAdmin)
+
+
+# -- groups ----------------------------------------------------------------------------
+
+
+@admin.register(OutboxGroup)
+class OutboxGroupAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "stream",
+        "state",
+        "attempt",
+        "size",
+        "lease_expires_at",
+        "next_attempt_at",
+        "short_error",
+    )
+    list_filter = ("stream", "state")
+    search_fields = ("=id", "last_error")
+    ordering = ("-created_at",)
+    actions = ("retry_now", "release_lease", "dead_letter")
+
+    has_operate_permission = _has("operate_outboxgroup")
+
+    @admin.display(description="last error")
+    def short_error(self, group: OutboxGroup) -> str:
+        lines = group.last_error.strip().splitlines()
+        return lines[-1][:120] if lines else ""
+
+    def _requeue(self, queryset: QuerySet[OutboxGroup]) -> int:
+        requeued = 0
+        for stream in sorted(set(queryset.values_list("stream", flat=True))):
+            if stream in outbox_settings().streams:
+                requeued += requeue_due_groups(outbox_settings().stream(stream))[0]
+        return requeued
+
+    @admin.action(description="Retry now (retrying groups)", permissions=["operate"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
+        chosen = queryset.filter(state=GroupState.RETRYING)
+        ids = list(chosen.values_list("id", flat=True))
+        chosen.update(next_attempt_at=Now() - timedelta(seconds=1))
+        requeued = self._requeue(OutboxGroup.objects.filter(id__in=ids))
+        self.message_user(request, f"{requeued} group(s) re-enqueued for their next attempt.")
+
+    @admin.action(description="Release lease (claimed or running groups)", permissions=["operate"])
+    def release_lease(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
+        chosen = queryset.filter(state__in=[GroupState.CLAIMED, GroupState.RUNNING])
+        ids = list(chosen.values_list("id", flat=True))
+        chosen.update(lease_expires_at=Now() - timedelta(seconds=1))
+        requeued = self._requeue(OutboxGroup.objects.filter(id__in=ids))
+        self.message_user(
+            request,
+            f"{len(ids)} lease(s) released; {requeued} group(s) re-enqueued. A worker still "
+            "running one of them can no longer finalize it.",
+        )
+
+    @admin.action(description="Dead-letter now", permissions=["operate"])
+    def dead_letter(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
+        rows = groups = 0
+        error = f"dead-lettered from the admin by {request.user.get_username()}"
+        for group_id in queryset.values_list("id", flat=True):
+            with transaction.atomic(using=connection_for(OutboxGroup).alias):
+                group = OutboxGroup.objects.select_for_update().filter(id=group_id).first()
+                if group is None or group.stream not in outbox_settings().streams:
+                    continue
+                config = outbox_settings().stream(group.stream)
+                rows += exhaust_group(config, group.id, max(group.attempt, 1), error)
+                groups += 1
+        self.message_user(
+            request, f"{groups} group(s), {rows} row(s) dead-lettered (see the archive)."
+        )
+
+
+# -- archive ---------------------------------------------------------------------------
+
+
+@admin.register(ArchivedEvent)
+class ArchivedEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "stream",
+        "event_id",
+        "outcome",
+        "attempts",
+        "archived_at",
+        "replayed_at",
+        "short_error",
+    )
+    list_filter = ("outcome", "stream", "archived_at", ("replayed_at", admin.EmptyFieldListFilter))
+    search_fields = ("=event_id", "=group_id", "error")
+    date_hierarchy = None
+    ordering = ("-archived_at", "-id")
+    actions = ("replay",)
+
+    has_replay_permission = _has("replay_archivedevent")
+
+    @admin.display(description="error")
+    def short_error(self, event: ArchivedEvent) -> str:
+        lines = event.error.strip().splitlines()
+        return lines[-1][:120] if lines else ""
+
+    @admin.action(description="Replay failed rows (once each)", permissions=["replay"])
+    def replay(self, request: HttpRequest, queryset: QuerySet[ArchivedEvent]) -> None:
+        rows = queryset.filter(outcome=Outcome.FAILED, replayed_at__isnull=True)
+        known = rows.filter(stream__in=list(outbox_settings().streams))
+        replayed: Counter = replay_failed(known)
+        total = sum(replayed.values())
+        detail = ", ".join(f"{stream}: {n}" for stream, n in sorted(replayed.items()))
+        self.message_user(
+            request,
+            f"{total} dead letter(s) published again" + (f" ({detail})." if detail else "."),
+        )
+
+
+# -- staged jobs and idempotency keys ----------------------------------------------------
+
+
+@admin.register(StagedJob)
+class StagedJobAdmin(ReadOnlyAdmin):
+    list_display = ("id", "func", "created_at", "run_after", "idempotency_key", "last_error")
+    list_filter = (("run_after", admin.EmptyFieldListFilter), "func")
+    search_fields = ("=id", "func", "idempotency_key")
+    ordering = ("id",)
+    actions = ("forward_now",)
+
+    has_forward_permission = _has("forward_stagedjob")
+
+    @admin.action(description="Forward now (due or not)", permissions=["forward"])
+    def forward_now(self, request: HttpRequest, queryset: QuerySet[StagedJob]) -> None:
+        ids = list(queryset.filter(last_error="").values_list("id", flat=True))
+        StagedJob.objects.filter(id__in=ids).update(run_after=None)
+        result = drain(ids=ids, limit=max(len(ids), 1))
+        level = messages.WARNING if result.kept else messages.SUCCESS
+        self.message_user(
+            request,
+            f"{result.forwarded} job(s) handed to django-q2"
+            + (f"; {result.kept} kept with an error." if result.kept else "."),
+            level,
+        )
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(ReadOnlyAdmin):
+    list_display = ("scope", "key", "created_at", "completed_at", "expires_at")
+    list_filter = ("scope",)
+    search_fields = ("key", "scope")
+    ordering = ("-id",)
+
+
+# -- streams and the dashboard -----------------------------------------------------------
+
+
+@admin.register(StreamState)
+class StreamStateAdmin(admin.ModelAdmin):
+    """Runtime switches (operator-written): pause/resume, batch-size override."""
+
+    list_display = ("stream", "paused", "batch_size_override", "claims_in_flight", "updated_at")
+    list_editable = ("batch_size_override",)
+    readonly_fields = ("stream", "paused", "claims_in_flight", "claims_touched_at", "updated_at")
+    fields = ("stream", "paused", "batch_size_override", *readonly_fields[2:])
+    actions = ("pause", "resume")
+
+    has_operate_permission = _has("operate_streamstate")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[StreamState]:
+        for stream in outbox_settings().streams:  # a row per configured stream
+            runtime_state(stream)
+        return super().get_queryset(request)
+
+    def _switch(self, request: HttpRequest, queryset: QuerySet[StreamState], paused: bool) -> None:
+        streams = [
+            s for s in queryset.values_list("stream", flat=True) if s in outbox_settings().streams
+        ]
+        for stream in streams:
+            set_paused(stream, paused)
+        verb = "paused" if paused else "resumed"
+        self.message_user(request, f"{len(streams)} stream(s) {verb}: {', '.join(streams)}.")
+
+    @admin.action(description="Pause", permissions=["operate"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[StreamState]) -> None:
+        self._switch(request, queryset, True)
+
+    @admin.action(description="Resume", permissions=["operate"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[StreamState]) -> None:
+        self._switch(request, queryset, False)
+
+    def get_urls(self) -> list[Any]:
+        dashboard = self.admin_site.admin_view(self.dashboard_view)
+        return [path("dashboard/", dashboard, name="django_outbox_dashboard"), *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Outbox dashboard",
+            "opts": self.model._meta,
+            **dashboard_context(request.user.has_perm("django_outbox.operate_streamstate")),
+        }
+        return TemplateResponse(request, "admin/django_outbox/dashboard.html", context)
+
+
+def dashboard_context(can_operate: bool) -> dict[str, Any]:
+    """Everything the dashboard shows; every query bounded or served by an index."""
+    statuses = all_statuses()
+    now = database_now(connection_for(ArchivedEvent).alias)
+    per_minute = throughput(now)
+    streams = [
+        {
+            "status": status,
+            "chart": chart_svg(per_minute.get(status.stream, {}), now),
+            "done_last_hour": status.archived_last_hour,
+            "failed_last_hour": status.failed_last_hour,
+        }
+        for status in statuses
+    ]
+    staged = StagedJob.objects.filter(last_error="")
+    return {
+        "streams": streams,
+        "staged_waiting": staged.values("id")[:COUNT_CAP].count(),
+        "staged_kept": StagedJob.objects.exclude(last_error="").values("id")[:COUNT_CAP].count(),
+        "staged_url": reverse("admin:django_outbox_stagedjob_changelist"),
+        "unique_jobs": unique_job_rows(),
+        "count_cap": COUNT_CAP,
+        "can_operate": can_operate,
+        "state_url": reverse("admin:django_outbox_streamstate_changelist"),
+    }
+
+
+def throughput(now: Any) -> dict[str, dict[tuple[int, str], int]]:
+    """Rows archived per stream, minute (0 = the current one) and outcome, last hour."""
+    rows = (
+        ArchivedEvent.objects.filter(archived_at__gte=now - timedelta(hours=1))
+        .annotate(minute=TruncMinute("archived_at"))
+        .values("stream", "minute", "outcome")
+        .annotate(n=Count("id"))
+    )
+    result: dict[str, dict[tuple[int, str], int]] = {}
+    current = now.replace(second=0, microsecond=0)
+    for row in rows:
+        ago = int((current - row["minute"]).total_seconds() // 60)
+        if 0 <= ago < 60:
+            result.setdefault(row["stream"], {})[(ago, row["outcome"])] = row["n"]
+    return result
+
+
+def chart_svg(counts: dict[tuple[int, str], int], now: Any) -> SafeString:
+    """A 60-bar SVG of rows archived per minute (done, failed stacked), numbers only."""
+    width, height, bar = 600, 90, 10
+    peak = max(
+        (counts.get((m, "done"), 0) + counts.get((m, "failed"), 0) for m in range(60)), default=0
+    )
+    scale = (height - 14) / peak if peak else 0
+    bars = []
+    for minute in range(60):
+        x = width - (minute + 1) * bar
+        done = counts.get((minute, "done"), 0)
+        failed = counts.get((minute, "failed"), 0)
+        done_h, failed_h = round(done * scale, 1), round(failed * scale, 1)
+        bars.append(
+            (x, height - done_h, done_h, height - done_h - failed_h, failed_h, done, failed, minute)
+        )
+    rects = format_html_join(
+        "",
+        '<rect x="{}" y="{}" width="9" height="{}" fill="#417690">'
+        "<title>{} min ago: {} done, {} failed</title></rect>"
+        '<rect x="{}" y="{}" width="9" height="{}" fill="#ba2121"></rect>',
+        (
+            (x, y_done, h_done, minute, done, failed, x, y_failed, h_failed)
+            for x, y_done, h_done, y_failed, h_failed, done, failed, minute in bars
+        ),
+    )
+    return format_html(
+        '<svg class="outbox-chart" width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
+        'aria-label="rows archived per minute, last hour">'
+        '<text x="2" y="10" font-size="10" fill="#666">peak {}/min</text>{}'
+        '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="#ccc"/></svg>',
+        width,
+        height,
+        width,
+        height,
+        peak,
+        rects,
+        height,
+        width,
+        height,
+    )
+
+
+def unique_job_rows() -> list[dict[str, Any]]:
+    """Unique jobs per kind and state, when the unique-job capability is installed."""
+    try:
+        from django_outbox.unique.metrics import unique_job_counts
+    except ImportError:
+        return []
+    rows: dict[str, dict[str, int]] = {}
+    for kind, state, count in unique_job_counts(COUNT_CAP):
+        rows.setdefault(kind, {})[state] = count
+    return [{"kind": kind, "states": states} for kind, states in sorted(rows.items())]

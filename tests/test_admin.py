@@ -1,0 +1,294 @@
+"""The admin: every page renders, actions work, a view-only staff user cannot act."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.auth.models import Permission, User
+from django.db import transaction
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from django_outbox import publish_many
+from django_outbox.models import (
+    ArchivedEvent,
+    GroupState,
+    IdempotencyKey,
+    OutboxEvent,
+    OutboxGroup,
+    Outcome,
+    StagedJob,
+    StreamState,
+)
+from django_outbox.staging import stage_task
+from tests.conftest import InlineRunner
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def outbox_models() -> list[type]:
+    """Every model the admin shows for django_outbox, custom buffers included."""
+    from django.apps import apps
+
+    labels = [m._meta.label for m in admin.site._registry]
+    stream_models = {s["MODEL"] for s in settings.DJANGO_OUTBOX["STREAMS"].values() if "MODEL" in s}
+    return [
+        apps.get_model(label)
+        for label in labels
+        if label.startswith("django_outbox.") or label in stream_models
+    ]
+
+
+@pytest.fixture
+def data(handler_mode):
+    """A bit of everything: buffer rows, a retrying group, dead letters, staged jobs, keys."""
+    publish_many("audit", [{"n": n, "fail": n < 3} for n in range(12)])
+    runner = InlineRunner()
+    handler_mode("fail-marked")
+    runner.distribute("audit")  # batch 10: 7 done, 3 retrying, 2 done in a second group
+    outbox = dict(settings.DJANGO_OUTBOX)
+    outbox["STAGING"] = {**outbox["STAGING"], "FORWARD_ON_COMMIT": False}
+    with override_settings(DJANGO_OUTBOX=outbox), transaction.atomic():
+        stage_task("tests.testapp.jobs.record", "later", run_after=timedelta(hours=1))
+    IdempotencyKey.objects.create(scope="tests", key="k-1", result={"ok": True})
+    ArchivedEvent.objects.create(
+        stream="audit",
+        event_id=999,
+        data={"id": 999, "stream": "audit", "payload": {"n": 999}, "created_at": None},
+        created_at=timezone.now(),
+        outcome=Outcome.FAILED,
+        error="gave up",
+    )
+    return runner
+
+
+def test_every_admin_page_renders_for_a_superuser(admin_client, data):
+    pages = [reverse("admin:app_list", args=["django_outbox"]), dashboard_url()]
+    for model in outbox_models():
+        info = (model._meta.app_label, model._meta.model_name)
+        pages.append(reverse("admin:{}_{}_changelist".format(*info)))
+        obj = model._default_manager.first()
+        if obj is not None:
+            pages.append(reverse("admin:{}_{}_change".format(*info), args=[obj.pk]))
+
+    for page in pages:
+        response = admin_client.get(page)
+        assert response.status_code == 200, page
+
+    labels = {model._meta.label for model in outbox_models()}
+    assert labels >= {
+        "django_outbox.OutboxEvent",
+        "marketing.ContactActivityEvent",  # a custom buffer bound to a stream
+        "django_outbox.OutboxGroup",
+        "django_outbox.ArchivedEvent",
+        "django_outbox.StagedJob",
+        "django_outbox.IdempotencyKey",
+        "django_outbox.StreamState",
+    }
+
+
+def dashboard_url() -> str:
+    return reverse("admin:django_outbox_dashboard")
+
+
+def test_the_app_index_links_the_dashboard(admin_client):
+    response = admin_client.get(reverse("admin:app_list", args=["django_outbox"]))
+
+    assert dashboard_url() in response.content.decode()
+
+
+def test_the_dashboard_shows_each_stream_its_chart_and_staged_jobs(admin_client, data):
+    response = admin_client.get(dashboard_url())
+
+    html = response.content.decode()
+    assert 'id="stream-audit"' in html and 'id="stream-marketing"' in html
+    assert html.count('<svg class="outbox-chart"') == 2
+    assert "1 waiting" in html  # the delayed staged job
+    assert response.context["streams"][0]["status"].stream in ("audit", "marketing")
+    audit = next(r for r in response.context["streams"] if r["status"].stream == "audit")
+    assert audit["done_last_hour"] == 9  # 7 of the first group, 2 of the second
+    assert audit["status"].groups_retrying == 1
+
+
+def test_machine_written_rows_cannot_be_added_changed_or_deleted(admin_client, data):
+    group = OutboxGroup.objects.get()
+    assert admin_client.get(reverse("admin:django_outbox_outboxgroup_add")).status_code == 403
+    response = admin_client.post(
+        reverse("admin:django_outbox_outboxgroup_change", args=[group.pk]), {"attempt": 99}
+    )
+    assert response.status_code == 403
+    delete = reverse(
+        "admin:django_outbox_archivedevent_delete", args=[ArchivedEvent.objects.first().pk]
+    )
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+
+
+def act(client, model: str, action: str, pks: list) -> None:
+    response = client.post(
+        reverse(f"admin:django_outbox_{model}_changelist"),
+        {"action": action, "_selected_action": [str(pk) for pk in pks]},
+        follow=True,
+    )
+    assert response.status_code == 200
+
+
+def test_pause_and_resume_from_the_admin_are_obeyed_by_the_pipeline(admin_client):
+    admin_client.get(reverse("admin:django_outbox_streamstate_changelist"))  # rows appear
+    act(admin_client, "streamstate", "pause", ["audit"])
+    assert StreamState.objects.get(stream="audit").paused
+
+    publish_many("audit", [{"n": 1}])
+    InlineRunner().distribute("audit")
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 1  # not claimed
+
+    act(admin_client, "streamstate", "resume", ["audit"])
+    InlineRunner().distribute("audit")
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_retry_now_requeues_a_retrying_group(admin_client, data):
+    group = OutboxGroup.objects.get(state=GroupState.RETRYING)
+
+    act(admin_client, "outboxgroup", "retry_now", [group.pk])
+
+    group.refresh_from_db()
+    assert group.state == GroupState.CLAIMED
+    assert OrmQ.objects.count() == 1  # its process job
+
+
+def test_release_lease_hands_a_running_group_to_a_new_attempt(admin_client, data):
+    group = OutboxGroup.objects.get()
+    OutboxGroup.objects.filter(pk=group.pk).update(
+        state=GroupState.RUNNING, lease_expires_at=timezone.now() + timedelta(hours=1)
+    )
+
+    act(admin_client, "outboxgroup", "release_lease", [group.pk])
+
+    group.refresh_from_db()
+    assert group.state == GroupState.CLAIMED
+    assert OrmQ.objects.count() == 1
+
+
+def test_dead_letter_archives_the_rows_as_failed(admin_client, data):
+    group = OutboxGroup.objects.get()
+
+    act(admin_client, "outboxgroup", "dead_letter", [group.pk])
+
+    assert not OutboxGroup.objects.exists()
+    failed = ArchivedEvent.objects.filter(group_id=group.pk, outcome=Outcome.FAILED)
+    assert failed.count() == 3
+    assert failed.first().error == "dead-lettered from the admin by admin"
+
+
+def test_replay_publishes_dead_letters_once(admin_client, data):
+    letter = ArchivedEvent.objects.get(event_id=999)
+    before = OutboxEvent.objects.count()
+
+    act(admin_client, "archivedevent", "replay", [letter.pk])
+    act(admin_client, "archivedevent", "replay", [letter.pk])
+
+    assert OutboxEvent.objects.count() == before + 1
+    assert OutboxEvent.objects.order_by("-id").first().payload == {"n": 999}
+
+
+def test_forward_now_hands_a_delayed_staged_job_to_django_q2(admin_client, data):
+    job = StagedJob.objects.get()
+
+    act(admin_client, "stagedjob", "forward_now", [job.pk])
+
+    assert not StagedJob.objects.exists()
+    assert OrmQ.objects.count() == 1
+
+
+def test_a_batch_size_override_is_editable_and_obeyed(admin_client):
+    admin_client.get(reverse("admin:django_outbox_streamstate_changelist"))
+    response = admin_client.post(
+        reverse("admin:django_outbox_streamstate_change", args=["audit"]),
+        {"batch_size_override": "3"},
+    )
+    assert response.status_code == 302
+    publish_many("audit", [{"n": n} for n in range(7)])
+    InlineRunner().distribute("audit")
+    assert ArchivedEvent.objects.values("group_id").distinct().count() == 3
+
+
+# -- a view-only staff user ----------------------------------------------------------------
+
+
+@pytest.fixture
+def viewer_client(client):
+    user = User.objects.create_user("viewer", password="x", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label__in=["django_outbox", "marketing"], codename__startswith="view_"
+        )
+    )
+    client.force_login(user)
+    return client
+
+
+def test_a_view_only_user_sees_every_page(viewer_client, data):
+    assert viewer_client.get(dashboard_url()).status_code == 200
+    for model in outbox_models():
+        info = (model._meta.app_label, model._meta.model_name)
+        assert viewer_client.get(reverse("admin:{}_{}_changelist".format(*info))).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("model", "action"),
+    [
+        ("streamstate", "pause"),
+        ("outboxgroup", "retry_now"),
+        ("outboxgroup", "release_lease"),
+        ("outboxgroup", "dead_letter"),
+        ("archivedevent", "replay"),
+        ("stagedjob", "forward_now"),
+    ],
+)
+def test_a_view_only_user_cannot_run_any_action(viewer_client, data, model, action):
+    viewer_client.get(reverse("admin:django_outbox_streamstate_changelist"))
+    changelist = viewer_client.get(reverse(f"admin:django_outbox_{model}_changelist"))
+    assert f'value="{action}"' not in changelist.content.decode()
+    before = snapshot()
+    pks = {
+        "streamstate": ["audit"],
+        "outboxgroup": list(OutboxGroup.objects.values_list("pk", flat=True)),
+        "archivedevent": list(ArchivedEvent.objects.values_list("pk", flat=True)),
+        "stagedjob": list(StagedJob.objects.values_list("pk", flat=True)),
+    }[model]
+
+    viewer_client.post(
+        reverse(f"admin:django_outbox_{model}_changelist"),
+        {"action": action, "_selected_action": [str(pk) for pk in pks]},
+    )
+
+    assert snapshot() == before
+
+
+def snapshot() -> tuple:
+    return (
+        list(StreamState.objects.order_by("stream").values_list("stream", "paused")),
+        list(OutboxGroup.objects.values_list("id", "state", "lease_expires_at", "next_attempt_at")),
+        ArchivedEvent.objects.count(),
+        OutboxEvent.objects.count(),
+        StagedJob.objects.count(),
+        OrmQ.objects.count(),
+    )
+
+
+def test_an_operator_with_the_custom_permission_may_act(client, data):
+    user = User.objects.create_user("operator", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_streamstate", "operate_streamstate"])
+    )
+    client.force_login(user)
+    client.get(reverse("admin:django_outbox_streamstate_changelist"))
+
+    act(client, "streamstate", "pause", ["marketing"])
+
+    assert StreamState.objects.get(stream="marketing").paused
