@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import models
+
+from django_outbox.models import UniqueJob
 
 
 class Order(models.Model):
@@ -21,3 +25,17 @@ class Marker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class BenchJob(UniqueJob):
+    """A unique-job kind for ``benchmarks.unique``: one job per key, a no-op perform."""
+
+    key = models.IntegerField()
+
+    class Job:
+        unique_fields = ["key"]
+        concurrency = 8
+        lease_seconds = 300
+
+    def perform(self, heartbeat: Callable[[], None]) -> None:
+        """Nothing: the benchmark measures the job machinery, not the work."""
