@@ -3,7 +3,9 @@
 Each stream gets one schedule, ``django_outbox:distribute:<stream>``, running
 ``django_outbox.tasks.distribute`` every ``EVERY_MINUTES`` on the stream's cluster.
 ``django_outbox:drain`` forwards staged jobs (when ``STAGING["ALLOWED_MODULES"]`` is
-set) and ``django_outbox:prune`` deletes what outlived its retention.
+set), ``django_outbox:dispatch:<app_label>.<model>`` dispatches each unique-job kind
+every ``dispatch_every_minutes`` on its cluster, and ``django_outbox:prune`` deletes
+what outlived its retention.
 Schedules whose name starts with ``django_outbox:`` and that the settings no longer
 ask for are removed; other schedules are never touched.
 """
@@ -17,6 +19,7 @@ from django.db import transaction
 
 from django_outbox import transport
 from django_outbox.conf import outbox_settings
+from django_outbox.unique.options import all_kinds
 
 PREFIX = "django_outbox:"
 
@@ -55,6 +58,7 @@ class ScheduleChange:
 
 DRAIN_STAGED = "django_outbox.tasks.drain_staged"
 PRUNE = "django_outbox.tasks.prune"
+DISPATCH_UNIQUE = "django_outbox.tasks.dispatch_unique"
 
 
 def desired_schedules() -> list[ScheduleSpec]:
@@ -79,6 +83,16 @@ def desired_schedules() -> list[ScheduleSpec]:
                 cluster=config.staging.cluster,
             )
         )
+    specs.extend(
+        ScheduleSpec(
+            name=f"{PREFIX}dispatch:{kind._meta.label_lower}",
+            func=DISPATCH_UNIQUE,
+            args=repr((kind._meta.label_lower,)),
+            minutes=kind.job_options().dispatch_every_minutes,
+            cluster=kind.job_options().cluster,
+        )
+        for kind in all_kinds()
+    )
     specs.append(
         ScheduleSpec(
             name=f"{PREFIX}prune",

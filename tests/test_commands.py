@@ -288,6 +288,27 @@ def distribute_schedule(stream: str, minutes: int = 1, cluster: str | None = Non
 
 DRAIN_SCHEDULE = ("django_outbox.tasks.drain_staged", "()", None, Schedule.MINUTES, 1, -1, None)
 PRUNE_SCHEDULE = ("django_outbox.tasks.prune", "()", None, Schedule.MINUTES, 1440, -1, None)
+#: The unique-job kinds of the test settings, each dispatched on a schedule of its own.
+KINDS = [
+    "blogs.rebuildblogfeed",
+    "uniqueapp.keyedjob",
+    "uniqueapp.throttledjob",
+    "uniqueapp.orderedjob",
+    "uniqueapp.readyjob",
+    "uniqueapp.beatingjob",
+]
+KIND_SCHEDULES = {
+    f"django_outbox:dispatch:{kind}": (
+        "django_outbox.tasks.dispatch_unique",
+        f"('{kind}',)",
+        None,
+        Schedule.MINUTES,
+        1,
+        -1,
+        None,
+    )
+    for kind in KINDS
+}
 
 
 def test_schedules_creates_distribute_per_stream_drain_and_prune():
@@ -297,13 +318,15 @@ def test_schedules_creates_distribute_per_stream_drain_and_prune():
         "create django_outbox:distribute:marketing (every 1 min)\n"
         "create django_outbox:distribute:audit (every 1 min)\n"
         "create django_outbox:drain (every 1 min)\n"
-        "create django_outbox:prune (every 1440 min)\n"
+        + "".join(f"create django_outbox:dispatch:{kind} (every 1 min)\n" for kind in KINDS)
+        + "create django_outbox:prune (every 1440 min)\n"
     )
     assert schedules() == {
         "django_outbox:distribute:audit": distribute_schedule("audit"),
         "django_outbox:distribute:marketing": distribute_schedule("marketing"),
         "django_outbox:drain": DRAIN_SCHEDULE,
         "django_outbox:prune": PRUNE_SCHEDULE,
+        **KIND_SCHEDULES,
     }
 
 
@@ -345,6 +368,7 @@ def test_schedules_follow_every_minutes_and_cluster_from_the_settings():
         "django_outbox:distribute:marketing": distribute_schedule("marketing"),
         "django_outbox:drain": DRAIN_SCHEDULE,
         "django_outbox:prune": PRUNE_SCHEDULE,
+        **KIND_SCHEDULES,
     }
     assert dict(Schedule.objects.values_list("name", "pk")) == pks
 
@@ -391,6 +415,7 @@ def test_schedules_delete_outbox_schedules_no_longer_configured_and_keep_the_use
     assert set(Schedule.objects.values_list("pk", flat=True)) == {
         Schedule.objects.get(name="django_outbox:distribute:audit").pk,
         Schedule.objects.get(name="django_outbox:prune").pk,
+        *Schedule.objects.filter(name__in=KIND_SCHEDULES).values_list("pk", flat=True),
         own.pk,
         unnamed.pk,
     }
@@ -422,9 +447,10 @@ def test_schedules_check_reports_drift_changes_nothing_and_exits_1():
         "would create django_outbox:distribute:marketing (every 1 min)\n"
         "would create django_outbox:distribute:audit (every 1 min)\n"
         "would create django_outbox:drain (every 1 min)\n"
-        "would create django_outbox:prune (every 1440 min)\n"
+        + "".join(f"would create django_outbox:dispatch:{kind} (every 1 min)\n" for kind in KINDS)
+        + "would create django_outbox:prune (every 1440 min)\n"
     )
-    assert err.getvalue() == "4 schedule(s) drifted from the settings.\n"
+    assert err.getvalue() == f"{4 + len(KINDS)} schedule(s) drifted from the settings.\n"
     assert list(Schedule.objects.values_list("pk", flat=True)) == [own.pk]
 
 

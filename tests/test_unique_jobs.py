@@ -426,3 +426,27 @@ def test_prunable_returns_finished_jobs_older_than_the_retention_only():
     assert set(KeyedJob.prunable().values_list("pk", flat=True)) == {old_done.pk, old_failed.pk}
     KeyedJob.prunable().delete()
     assert set(KeyedJob.objects.values_list("pk", flat=True)) == {recent.pk, pending.pk}
+
+
+def test_the_schedule_task_dispatches_one_kind_by_its_label_or_every_kind():
+    from django_outbox import tasks
+
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a", process_after=timedelta(hours=1))
+        KeyedJob.objects.filter(pk=job.pk).update(process_after=Now())
+        assert tasks.dispatch_unique("uniqueapp.keyedjob") == [
+            {
+                "kind": "uniqueapp.KeyedJob",
+                "running": 1,
+                "dispatched": 1,
+                "rescued": 0,
+                "exhausted": 0,
+            }
+        ]
+        everything = tasks.dispatch_unique()
+    assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]
+    assert {result["kind"] for result in everything} >= {
+        "blogs.RebuildBlogFeed",
+        "uniqueapp.KeyedJob",
+        "uniqueapp.BeatingJob",
+    }
