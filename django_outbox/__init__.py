@@ -13,10 +13,13 @@ __version__ = "0.1.0"
 __all__ = [
     "Batch",
     "BatchResult",
+    "JobError",
+    "JobLeaseLost",
     "LeaseLost",
     "OutboxError",
     "PayloadError",
     "PermanentFailure",
+    "UniqueJob",
     "UnknownStream",
     "publish",
     "publish_many",
@@ -25,10 +28,13 @@ __all__ = [
 _LAZY = {
     "Batch": "django_outbox.process",
     "BatchResult": "django_outbox.process",
+    "JobError": "django_outbox.exceptions",
+    "JobLeaseLost": "django_outbox.exceptions",
     "LeaseLost": "django_outbox.exceptions",
     "OutboxError": "django_outbox.exceptions",
     "PayloadError": "django_outbox.exceptions",
     "PermanentFailure": "django_outbox.exceptions",
+    "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
@@ -36,12 +42,15 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from django_outbox.exceptions import (
+        JobError,
+        JobLeaseLost,
         LeaseLost,
         OutboxError,
         PayloadError,
         PermanentFailure,
         UnknownStream,
     )
+    from django_outbox.models import UniqueJob
     from django_outbox.process import Batch, BatchResult
     from django_outbox.publishing import publish, publish_many
 
