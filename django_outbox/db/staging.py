@@ -102,13 +102,16 @@ def take_due(limit: int, ids: Sequence[int] | None = None) -> list[TakenJob]:
             params.append(json.dumps(list(ids)))
     params.append(limit)
     lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+    # PostgreSQL: the ids come from an ARRAY(...) sub-select, evaluated once; a plain
+    # IN (SELECT ... LIMIT ... SKIP LOCKED) may be re-run per outer row by a semi-join.
+    pick = (
+        f"SELECT id FROM {table} "
+        f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {vendor.NOW_SQL})"
+        f"{only_ids} ORDER BY id LIMIT %s{lock}"
+    )
+    where = f"id = ANY(ARRAY({pick}))" if postgres else f"id IN ({pick})"
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} "
-            f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {vendor.NOW_SQL})"
-            f"{only_ids} ORDER BY id LIMIT %s{lock}) RETURNING {', '.join(COLUMNS)}",
-            params,
-        )
+        cursor.execute(f"DELETE FROM {table} WHERE {where} RETURNING {', '.join(COLUMNS)}", params)
         rows = cursor.fetchall()
     return sorted((_taken(row) for row in rows), key=lambda job: job.id)
 
