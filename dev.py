@@ -232,6 +232,7 @@ class TierResult:
     seconds: float = 0.0
     report_found: bool = False
     redis_skipped: int = 0
+    browser_skipped: int = 0
 
     @property
     def passed(self) -> int:
@@ -257,10 +258,9 @@ def read_junit(result: TierResult, path: Path) -> None:
         result.errors += int(suite.get("errors", 0))
         result.skipped += int(suite.get("skipped", 0))
         result.seconds += float(suite.get("time", 0.0))
-        result.redis_skipped += sum(
-            "REDIS NOT AVAILABLE" in (skipped.get("message") or "")
-            for skipped in suite.iter("skipped")
-        )
+        messages = [skipped.get("message") or "" for skipped in suite.iter("skipped")]
+        result.redis_skipped += sum("REDIS NOT AVAILABLE" in m for m in messages)
+        result.browser_skipped += sum("BROWSER NOT AVAILABLE" in m for m in messages)
     result.report_found = bool(suites)
 
 
@@ -277,10 +277,34 @@ def run_tier(name: str, env_overrides: dict[str, str], pytest_args: list[str]) -
     return result
 
 
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def ensure_browser() -> None:
+    """Install Debian's chromium for the real-browser admin test when it is missing.
+
+    Only as root with apt-get (CI and this project's machines); elsewhere the test skips
+    with a loud message and the summary says so.
+    """
+    if any(shutil.which(name) for name in BROWSERS):
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        log("no chromium on PATH and no way to install it: the browser test will skip")
+        return
+    log("installing chromium (Debian package) for the real-browser admin test")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with (ARTIFACTS / "apt-chromium.log").open("w") as out:
+        for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
+            if subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode:
+                log("installing chromium failed (artifacts/apt-chromium.log): the test will skip")
+                return
+
+
 def cmd_test(pytest_args: list[str]) -> int:
     """Ruff, then pytest on SQLite and on PostgreSQL; print a summary; 0 only if all passed."""
     bootstrap()
     ARTIFACTS.mkdir(exist_ok=True)
+    ensure_browser()
     log("ruff check . / ruff format --check .")
     ruff = {
         "ruff check": run([BIN / "ruff", "check", "."]) == 0,
@@ -318,6 +342,12 @@ def report(
         )
         lines.append(f"{'tier ' + t.name:<18}{counts} (pytest exit {t.exit_code})")
     lines.append(f"{'postgresql':<18}{pg.source}: {redact(pg.url)}")
+    browser_skipped = sum(t.browser_skipped for t in tiers)
+    if browser_skipped:
+        lines.append(
+            f"{'browser':<18}NOT AVAILABLE: {browser_skipped} real-browser test(s) SKIPPED "
+            "(no chromium could be installed)"
+        )
     redis_skipped = sum(t.redis_skipped for t in tiers)
     if redis_skipped:
         lines.append(
