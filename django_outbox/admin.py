@@ -98,12 +98,40 @@ class OutboxEventAdmin(BufferEventAdmin):
     list_filter = ("stream", ("group_id", admin.EmptyFieldListFilter))
 
 
+class UniqueJobAdmin(ReadOnlyAdmin):
+    """Any unique-job kind: its jobs by state, attempt, schedule and lease."""
+
+    list_display = (
+        "id",
+        "state",
+        "attempt",
+        "process_after",
+        "lease_expires_at",
+        "finished_at",
+        "short_error",
+    )
+    list_filter = ("state",)
+    search_fields = ("=id", "last_error")
+    ordering = ("-id",)
+
+    @admin.display(description="last error")
+    def short_error(self, job: Any) -> str:
+        lines = job.last_error.strip().splitlines()
+        return lines[-1][:120] if lines else ""
+
+
 def register_stream_buffers(site: admin.AdminSite = admin.site) -> None:
-    """Register every custom buffer model bound to a stream, unless the project did."""
+    """Register every custom buffer model bound to a stream and every unique-job kind,
+    unless the project registered them itself."""
+    from django_outbox.unique.options import all_kinds
+
     for stream in outbox_settings().streams.values():
         model = stream.model_class
         if not site.is_registered(model):
             site.register(model, BufferEventAdmin)
+    for kind in all_kinds():
+        if not site.is_registered(kind):
+            site.register(kind, UniqueJobAdmin)
 
 
 # -- groups ----------------------------------------------------------------------------

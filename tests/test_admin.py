@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from blogs.models import Blog, RebuildBlogFeed
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
@@ -35,12 +36,15 @@ def outbox_models() -> list[type]:
     """Every model the admin shows for django_outbox, custom buffers included."""
     from django.apps import apps
 
+    from django_outbox.unique.options import all_kinds
+
     labels = [m._meta.label for m in admin.site._registry]
     stream_models = {s["MODEL"] for s in settings.DJANGO_OUTBOX["STREAMS"].values() if "MODEL" in s}
+    kinds = {kind._meta.label for kind in all_kinds()}
     return [
         apps.get_model(label)
         for label in labels
-        if label.startswith("django_outbox.") or label in stream_models
+        if label.startswith("django_outbox.") or label in stream_models | kinds
     ]
 
 
@@ -56,6 +60,9 @@ def data(handler_mode):
     with override_settings(DJANGO_OUTBOX=outbox), transaction.atomic():
         stage_task("tests.testapp.jobs.record", "later", run_after=timedelta(hours=1))
     IdempotencyKey.objects.create(scope="tests", key="k-1", result={"ok": True})
+    blog = Blog.objects.create(name="Notes")
+    RebuildBlogFeed.enqueue(blog=blog)
+    OrmQ.objects.all().delete()  # its dispatch queued a task; the tests count their own
     ArchivedEvent.objects.create(
         stream="audit",
         event_id=999,
@@ -89,6 +96,7 @@ def test_every_admin_page_renders_for_a_superuser(admin_client, data):
         "django_outbox.StagedJob",
         "django_outbox.IdempotencyKey",
         "django_outbox.StreamState",
+        "blogs.RebuildBlogFeed",  # a unique-job kind
     }
 
 
@@ -225,7 +233,8 @@ def viewer_client(client):
     user = User.objects.create_user("viewer", password="x", is_staff=True)
     user.user_permissions.set(
         Permission.objects.filter(
-            content_type__app_label__in=["django_outbox", "marketing"], codename__startswith="view_"
+            content_type__app_label__in=["django_outbox", "marketing", "blogs", "uniqueapp"],
+            codename__startswith="view_",
         )
     )
     client.force_login(user)

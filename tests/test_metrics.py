@@ -80,3 +80,24 @@ def test_a_scrape_reports_backlog_groups_archive_and_staged_jobs(staff_client, i
     assert values[("django_outbox_staged_jobs", (("state", "kept"),))] == 1
     assert values[("django_outbox_scrape_duration_seconds", ())] > 0
     assert OrmQ.objects.count() == 0  # a scrape changes nothing
+
+
+def test_unique_jobs_are_counted_per_kind_and_state(staff_client):
+    from blogs.models import Blog, RebuildBlogFeed
+
+    for name in ("a", "b", "c"):
+        RebuildBlogFeed.enqueue(blog=Blog.objects.create(name=name))
+    RebuildBlogFeed.objects.filter(pk=RebuildBlogFeed.objects.order_by("id")[0].pk).update(
+        state="failed"
+    )
+
+    values = samples(staff_client.get(URL).content)
+
+    kind = "blogs.RebuildBlogFeed"
+    counts = {
+        state: values[("django_outbox_unique_jobs", (("kind", kind), ("state", state)))]
+        for state in ("pending", "running", "processed", "failed")
+    }
+    assert sum(counts.values()) == 3
+    assert counts["failed"] == 1
+    assert counts["processed"] == 0
