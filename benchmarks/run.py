@@ -42,7 +42,9 @@ from django_q.models import OrmQ  # noqa: E402
 from django_q.tasks import async_task  # noqa: E402
 
 from benchmarks import floor  # noqa: E402
+from benchmarks import operations as ops  # noqa: E402
 from benchmarks.models import Marker, Order  # noqa: E402
+from benchmarks.unique import measure_dispatch  # noqa: E402
 from django_outbox import publish, publish_many, transport  # noqa: E402
 from django_outbox.claim import claim_group  # noqa: E402
 from django_outbox.models import OutboxEvent, OutboxGroup  # noqa: E402
@@ -385,6 +387,20 @@ def staged_forwarding(jobs: int) -> dict[str, float]:
     }
 
 
+def measure_operations(archive_rows: int) -> dict[str, Any]:
+    """A metrics scrape against an archive of *archive_rows* rows (60 days, then one hour)."""
+    ops.fill_archive(archive_rows)
+    spread = ops.scrape_latency()
+    ops.fill_archive(archive_rows, hours=1)
+    recent = ops.scrape_latency()
+    reset()
+    return {
+        "archive_rows": archive_rows,
+        "scrape_ms_archive_over_60_days": spread,
+        "scrape_ms_archive_all_last_hour": recent,
+    }
+
+
 def outbox_settings_with_staging(**options: Any) -> dict[str, Any]:
     from django.conf import settings
 
@@ -449,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publish-transactions", type=int, default=2_000)
     parser.add_argument("--scale", type=int, nargs=2, default=[10_000, 1_000_000])
     parser.add_argument("--staged-jobs", type=int, default=5_000)
+    parser.add_argument("--unique-jobs", type=int, default=10_000)
+    parser.add_argument("--archive-rows", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path, default=ROOT / "artifacts" / "bench.json")
     parser.add_argument("--repeat", type=int, default=5, help="paired runs of B and C (median)")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
@@ -456,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
         args.scale, args.repeat, args.staged_jobs = [10_000, 50_000], 1, 500
+        args.unique_jobs, args.archive_rows = 500, 20_000
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -479,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     small, large = (claim_latency(n) for n in args.scale)
     statements = library_statements(min(args.events, 10_000))
     forwarding = staged_forwarding(args.staged_jobs)
+    unique_dispatch = measure_dispatch(args.unique_jobs)
+    operations = measure_operations(args.archive_rows)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         server = cursor.fetchone()[0]
@@ -516,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         "library_statements_per_event": round(statements, 4),
         "buffer_after_run": health,
         "staged_forwarding": forwarding,
-        "not_yet_measured": ["unique-job dispatch"],
+        "unique_dispatch": unique_dispatch,
+        "operations": operations,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -569,6 +591,18 @@ def print_table(report: dict[str, Any]) -> None:
         f"stage_task + forward on commit {f['stage_forward_on_commit_per_s']:,}/s, "
         f"stage_task then drain {f['stage_then_drain_per_s']:,}/s "
         f"(the drain alone {f['drain_forwarded_per_s']:,}/s)"
+    )
+    u = report["unique_dispatch"]
+    print(
+        f"unique jobs: dispatch {u['dispatch_only']['jobs_per_s']:,} jobs/s "
+        f"({u['dispatch_only']['jobs']:,} jobs in waves of {u['dispatch_only']['wave']}), "
+        f"end to end through a qcluster {u['end_to_end']['jobs_per_s']:,} jobs/s"
+    )
+    o = report["operations"]
+    print(
+        f"metrics scrape on a {o['archive_rows']:,}-row archive: "
+        f"{o['scrape_ms_archive_over_60_days']['median_ms']} ms (60 days), "
+        f"{o['scrape_ms_archive_all_last_hour']['median_ms']} ms (all in the last hour)"
     )
     h = report["buffer_after_run"]
     print(
