@@ -65,3 +65,11 @@ class JobLeaseLost(LeaseLost):
             f"Lease of {kind} #{job_id} (attempt {attempt}) is lost: the job was rescued "
             "and started again, or finished. This worker must stop without side effects.",
         )
+
+
+class IdempotencyError(OutboxError, TypeError):
+    """An idempotency key or result that cannot be used: the guarded work is rolled back."""
+
+
+class NotInTransaction(OutboxError, RuntimeError):
+    """A helper that must run inside (or outside) a transaction was called otherwise."""

@@ -46,11 +46,21 @@ def is_transient(exc: BaseException, alias: str) -> bool:
     )
 
 
-def retry_transient(fn: Callable[[], T], alias: str, *, what: str, attempts: int = ATTEMPTS) -> T:
+def retry_transient(
+    fn: Callable[[], T],
+    alias: str,
+    *,
+    what: str,
+    attempts: int = ATTEMPTS,
+    base_delay: float = 0.02,
+    max_delay: float = 0.2,
+) -> T:
     """Run the transaction *fn*, again after a transient error, at most *attempts* times.
 
-    Only at the top level: inside a caller's transaction a retry would repeat only part
-    of it, so the error is raised unchanged.
+    Between tries it sleeps a jittered exponential backoff: a random 50 to 100 % of
+    ``min(max_delay, base_delay * 2 ** (try - 1))``, so two transactions that deadlocked
+    do not collide again in step. Only at the top level: inside a caller's transaction
+    a retry would repeat only part of it, so the error is raised unchanged.
     """
     connection = connections[alias]
     for attempt in range(1, attempts + 1):
@@ -65,5 +75,6 @@ def retry_transient(fn: Callable[[], T], alias: str, *, what: str, attempts: int
             connection.close_if_unusable_or_obsolete()
             if connection.connection is not None and not connection.is_usable():
                 connection.close()
-            time.sleep(random.uniform(0.01, 0.05) * attempt)
+            delay = min(max_delay, base_delay * 2 ** (attempt - 1))
+            time.sleep(random.uniform(delay / 2, delay))
     raise AssertionError("unreachable")
