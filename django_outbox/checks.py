@@ -73,6 +73,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_outbox.E034",
             )
         )
+    failed_retention = raw.get(
+        "ARCHIVE_FAILED_RETENTION_DAYS", GLOBAL_DEFAULTS["ARCHIVE_FAILED_RETENTION_DAYS"]
+    )
+    if not _is_positive_int(failed_retention):
+        errors.append(
+            Error(
+                f"{SETTING_NAME}['ARCHIVE_FAILED_RETENTION_DAYS'] must be a positive integer, "
+                f"not {failed_retention!r}.",
+                hint="Give the number of days dead letters are kept for replay, for example 90.",
+                id="django_outbox.E038",
+            )
+        )
     every = raw.get("PRUNE_EVERY_MINUTES", GLOBAL_DEFAULTS["PRUNE_EVERY_MINUTES"])
     if not _is_positive_int(every):
         errors.append(
@@ -158,6 +170,17 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
                     hint=f"Remove it to use the default ({STREAM_DEFAULTS[option]}) or give "
                     "a whole number greater than 0.",
                     id="django_outbox.E030",
+                )
+            )
+    for option in ("ARCHIVE_RETENTION_DAYS", "ARCHIVE_FAILED_RETENTION_DAYS"):
+        if merged[option] is not None and not _is_positive_int(merged[option]):
+            errors.append(
+                Error(
+                    f"{where}['{option}'] must be a positive integer or None, "
+                    f"not {merged[option]!r}.",
+                    hint=f"Remove it to use the global {SETTING_NAME}['{option}'], or give the "
+                    "number of days archived rows of this stream are kept.",
+                    id="django_outbox.E037",
                 )
             )
     for option in BOOL_OPTIONS:

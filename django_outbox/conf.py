@@ -37,6 +37,8 @@ STREAM_DEFAULTS: dict[str, Any] = {
     "TRANSACTIONAL": False,
     "CLUSTER": None,
     "ON_EXHAUSTED": None,
+    "ARCHIVE_RETENTION_DAYS": None,
+    "ARCHIVE_FAILED_RETENTION_DAYS": None,
 }
 
 STAGING_DEFAULTS: dict[str, Any] = {
@@ -55,6 +57,7 @@ IDEMPOTENCY_DEFAULTS: dict[str, Any] = {
 GLOBAL_DEFAULTS: dict[str, Any] = {
     "STREAMS": {},
     "ARCHIVE_RETENTION_DAYS": 30,
+    "ARCHIVE_FAILED_RETENTION_DAYS": 90,
     "STAGING": {},
     "IDEMPOTENCY": {},
     "PRUNE_EVERY_MINUTES": 1440,
@@ -81,6 +84,8 @@ class StreamConfig:
     transactional: bool
     cluster: str | None
     on_exhausted: str | None = None
+    archive_retention_days: int | None = None
+    archive_failed_retention_days: int | None = None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @classmethod
@@ -102,6 +107,8 @@ class StreamConfig:
             transactional=merged["TRANSACTIONAL"],
             cluster=merged["CLUSTER"],
             on_exhausted=merged["ON_EXHAUSTED"],
+            archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
+            archive_failed_retention_days=merged["ARCHIVE_FAILED_RETENTION_DAYS"],
             raw=dict(options),
         )
 
@@ -179,11 +186,21 @@ class IdempotencyConfig:
 class OutboxSettings:
     streams: dict[str, StreamConfig]
     archive_retention_days: int
+    archive_failed_retention_days: int
     staging: StagingConfig
     idempotency: IdempotencyConfig
     prune_every_minutes: int
     metrics_token: str | None
     raw: dict[str, Any]
+
+    def retention_days(self, stream: str, outcome: str) -> int:
+        """Days archived rows of *stream* with *outcome* are kept (a stream's own, or global)."""
+        config = self.streams.get(stream)
+        if outcome == "failed":
+            own = config.archive_failed_retention_days if config else None
+            return own or self.archive_failed_retention_days
+        own = config.archive_retention_days if config else None
+        return own or self.archive_retention_days
 
     def stream(self, name: str) -> StreamConfig:
         """Return the stream called *name* or raise :class:`UnknownStream`."""
@@ -208,6 +225,7 @@ def outbox_settings() -> OutboxSettings:
     return OutboxSettings(
         streams=streams,
         archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
+        archive_failed_retention_days=merged["ARCHIVE_FAILED_RETENTION_DAYS"],
         staging=StagingConfig.from_options(_as_dict(merged["STAGING"])),
         idempotency=IdempotencyConfig.from_options(_as_dict(merged["IDEMPOTENCY"])),
         prune_every_minutes=merged["PRUNE_EVERY_MINUTES"],

@@ -22,9 +22,9 @@ WHERE = "DJANGO_OUTBOX['STREAMS']['audit']"
 TEST_Q_CLUSTER = settings.Q_CLUSTER
 
 KNOWN_OPTIONS = (
-    "Known options: ARCHIVE, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, "
-    "EVERY_MINUTES, HANDLER, LEASE_SECONDS, MAX_ATTEMPTS, MAX_BATCHES, MODEL, ON_EXHAUSTED, "
-    "TRANSACTIONAL."
+    "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
+    "BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, EVERY_MINUTES, HANDLER, "
+    "LEASE_SECONDS, MAX_ATTEMPTS, MAX_BATCHES, MODEL, ON_EXHAUSTED, TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -108,8 +108,8 @@ def test_unknown_top_level_key_is_e002():
             (
                 "django_outbox.E002",
                 "DJANGO_OUTBOX has unknown keys: BATCH_SIZE, STREAM.",
-                "Known keys: ARCHIVE_RETENTION_DAYS, IDEMPOTENCY, METRICS_TOKEN, "
-                "PRUNE_EVERY_MINUTES, STAGING, STREAMS.",
+                "Known keys: ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, IDEMPOTENCY, "
+                "METRICS_TOKEN, PRUNE_EVERY_MINUTES, STAGING, STREAMS.",
             )
         ]
 
@@ -784,3 +784,31 @@ def test_metrics_token_that_is_not_a_long_string_is_e036(value):
         "DJANGO_OUTBOX['METRICS_TOKEN'] must be None or a string of at least 16 characters."
     )
     assert "secrets.token_urlsafe()" in hint
+
+
+@pytest.mark.parametrize("option", ["ARCHIVE_RETENTION_DAYS", "ARCHIVE_FAILED_RETENTION_DAYS"])
+@pytest.mark.parametrize("value", [0, -3, "30", 2.5])
+def test_a_stream_retention_that_is_not_a_positive_integer_is_e037(option, value):
+    with override_settings(DJANGO_OUTBOX=one_stream(**{option: value})):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E037",
+                f"DJANGO_OUTBOX['STREAMS']['audit']['{option}'] must be a positive integer or "
+                f"None, not {value!r}.",
+                f"Remove it to use the global DJANGO_OUTBOX['{option}'], or give the number of "
+                "days archived rows of this stream are kept.",
+            )
+        ]
+
+
+@pytest.mark.parametrize("value", [0, None, "90"])
+def test_a_dead_letter_retention_that_is_not_a_positive_integer_is_e038(value):
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "ARCHIVE_FAILED_RETENTION_DAYS": value}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E038",
+                "DJANGO_OUTBOX['ARCHIVE_FAILED_RETENTION_DAYS'] must be a positive integer, "
+                f"not {value!r}.",
+                "Give the number of days dead letters are kept for replay, for example 90.",
+            )
+        ]
