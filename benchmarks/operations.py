@@ -46,3 +46,21 @@ def archive_rows() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM django_outbox_archivedevent")
         return int(cursor.fetchone()[0])
+
+
+def prune_rate() -> dict[str, Any]:
+    """Prune the archive filled by :func:`fill_archive` (done after 30 days, failed 90)."""
+    from django_outbox.prune import prune_all
+
+    before = archive_rows()
+    started = time.perf_counter()
+    results = prune_all()
+    seconds = time.perf_counter() - started
+    deleted = sum(result.rows for result in results)
+    assert before - archive_rows() == deleted
+    return {
+        "archive_rows_before": before,
+        "deleted": deleted,
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(deleted / seconds) if seconds else 0,
+    }

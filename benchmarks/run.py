@@ -391,6 +391,7 @@ def measure_operations(archive_rows: int) -> dict[str, Any]:
     """A metrics scrape against an archive of *archive_rows* rows (60 days, then one hour)."""
     ops.fill_archive(archive_rows)
     spread = ops.scrape_latency()
+    pruning = ops.prune_rate()
     ops.fill_archive(archive_rows, hours=1)
     recent = ops.scrape_latency()
     reset()
@@ -398,6 +399,7 @@ def measure_operations(archive_rows: int) -> dict[str, Any]:
         "archive_rows": archive_rows,
         "scrape_ms_archive_over_60_days": spread,
         "scrape_ms_archive_all_last_hour": recent,
+        "prune": pruning,
     }
 
 
@@ -602,7 +604,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"metrics scrape on a {o['archive_rows']:,}-row archive: "
         f"{o['scrape_ms_archive_over_60_days']['median_ms']} ms (60 days), "
-        f"{o['scrape_ms_archive_all_last_hour']['median_ms']} ms (all in the last hour)"
+        f"{o['scrape_ms_archive_all_last_hour']['median_ms']} ms (all in the last hour); "
+        f"prune {o['prune']['deleted']:,} of them at {o['prune']['rows_per_s']:,} rows/s"
     )
     h = report["buffer_after_run"]
     print(
