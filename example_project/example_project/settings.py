@@ -96,7 +96,7 @@ DJANGO_OUTBOX = {
             "LEASE_SECONDS": 120,
         },
     },
-    "STAGING": {"ALLOWED_MODULES": ["marketing.tasks"]},
+    "STAGING": {"ALLOWED_MODULES": ["marketing.tasks", "payments.tasks"]},
 }
 
 # Every 7th request to the fake marketing API fails with a transient error, so the demo

@@ -10,21 +10,34 @@ import time
 from pathlib import Path
 from typing import Any
 
+from blogs.models import Blog, Post, RebuildBlogFeed
+from blogs.services import publish_post
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django_q.models import OrmQ, Task
 from django_q.tasks import async_task
+from payments.models import Account, Transfer
 
-from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome, StagedJob, StreamState
+from django_outbox.models import (
+    ArchivedEvent,
+    JobState,
+    OutboxGroup,
+    Outcome,
+    StagedJob,
+    StreamState,
+)
 from django_outbox.schedules import sync_schedules
+from django_outbox.staging import stage_task
 from django_outbox.status import stream_status
 from marketing.models import ApiRequest, ContactActivity, ContactActivityEvent, Lead, WelcomeEmail
 from marketing.services import record_activity, sign_up_lead
 
 STREAM = "marketing"
 ROLLED_BACK_SIGN_UPS = 5
+ACCOUNTS, OPENING_BALANCE, TRANSFERS = 10, 100_000, 200
+BLOGS, POSTS = 5, 100
 KINDS = [ContactActivity.Kind.CALL, ContactActivity.Kind.EMAIL, ContactActivity.Kind.MEETING]
 
 
@@ -79,6 +92,8 @@ class Command(BaseCommand):
             f"Recorded {options['events']:,} activities, one transaction each, in "
             f"{recorded:.1f}s ({options['events'] / recorded:,.0f}/s)."
         )
+        self._stage_transfers()
+        self._publish_posts()
         sync_schedules()
 
         cluster = self._start_cluster()
@@ -90,6 +105,33 @@ class Command(BaseCommand):
             self._stop_cluster(cluster)
         self._report(options["events"], elapsed)
 
+    def _stage_transfers(self) -> None:
+        """Transfer requests staged as jobs, each twice (a client that retried)."""
+        accounts = Account.objects.bulk_create(
+            Account(owner=f"Account {i}", balance=OPENING_BALANCE) for i in range(ACCOUNTS)
+        )
+        for n in range(TRANSFERS):
+            source, target = accounts[n % ACCOUNTS], accounts[(n + 1 + n % 3) % ACCOUNTS]
+            if n % 2:  # every other transfer goes the opposite way
+                source, target = target, source
+            for _delivery in range(2):
+                with transaction.atomic():
+                    stage_task("payments.tasks.transfer", f"req-{n}", source.pk, target.pk, 100 + n)
+        self.stdout.write(
+            f"Staged {2 * TRANSFERS} transfer jobs: {TRANSFERS} requests between {ACCOUNTS} "
+            "accounts, each sent twice, half of them in opposite directions."
+        )
+
+    def _publish_posts(self) -> None:
+        """Posts published in bursts; each asks for its blog's feed rebuild."""
+        blogs = Blog.objects.bulk_create(Blog(name=f"Blog {i}") for i in range(BLOGS))
+        for n in range(POSTS):
+            publish_post(blogs[n % BLOGS], f"Post {n}")
+        self.stdout.write(
+            f"Published {POSTS} posts on {BLOGS} blogs; each post enqueued its blog's feed "
+            "rebuild (a unique job)."
+        )
+
     def _reset(self) -> None:
         """Start from empty tables so the figures describe this run only."""
         ContactActivityEvent.objects.all().delete()
@@ -97,6 +139,11 @@ class Command(BaseCommand):
         WelcomeEmail.objects.all().delete()
         Lead.objects.all().delete()
         StagedJob.objects.all().delete()
+        Transfer.objects.all().delete()
+        Account.objects.all().delete()
+        RebuildBlogFeed.objects.all().delete()
+        Post.objects.all().delete()
+        Blog.objects.all().delete()
         ApiRequest.objects.all().delete()
         ArchivedEvent.objects.filter(stream=STREAM).delete()
         OutboxGroup.objects.filter(stream=STREAM).delete()
@@ -143,8 +190,16 @@ class Command(BaseCommand):
                     ending="",
                 )
                 self.stdout.flush()
-            emails_pending = WelcomeEmail.objects.count() < Lead.objects.count()
-            if status.backlog == 0 and in_flight == 0 and not emails_pending:
+            jobs_pending = (
+                WelcomeEmail.objects.count() < Lead.objects.count()
+                or Transfer.objects.count() < TRANSFERS
+                or StagedJob.objects.exists()
+                or OrmQ.objects.exists()  # the last poke, duplicate deliveries
+                or RebuildBlogFeed.objects.exclude(
+                    state__in=[JobState.PROCESSED, JobState.FAILED]
+                ).exists()
+            )
+            if status.backlog == 0 and in_flight == 0 and not jobs_pending:
                 break
             if time.perf_counter() - started > timeout:
                 raise CommandError(f"The pipeline did not drain within {timeout:.0f}s.")
@@ -165,8 +220,26 @@ class Command(BaseCommand):
         leads = Lead.objects.count()
         emails = WelcomeEmail.objects.count()
         emailed_twice = leads - WelcomeEmail.objects.values("lead").distinct().count()
+        transfers = Transfer.objects.count()
+        total = sum(Account.objects.values_list("balance", flat=True))
+        rebuilds = RebuildBlogFeed.objects.filter(state=JobState.PROCESSED).count()
+        stale_feeds = sum(
+            1
+            for blog in Blog.objects.all()
+            if not blog.feed or blog.feed[0]["id"] != blog.posts.order_by("-id")[0].pk
+        )
         lines = [
             ("leads signed up", f"{leads:,} (+{self.rolled_back} rolled back)"),
+            (
+                "transfers applied",
+                f"{transfers} of {2 * TRANSFERS} staged jobs (each request once); total "
+                f"balance {total:,} (opening {ACCOUNTS * OPENING_BALANCE:,})",
+            ),
+            (
+                "blog feed rebuilds",
+                f"{rebuilds} for {POSTS} posts on {BLOGS} blogs; feeds up to date: "
+                f"{BLOGS - stale_feeds} of {BLOGS}",
+            ),
             ("welcome emails sent", f"{emails:,} (staged jobs; {emailed_twice} leads twice)"),
             ("events recorded", f"{events:,}"),
             ("archived done", f"{done:,}"),
@@ -186,4 +259,8 @@ class Command(BaseCommand):
             raise CommandError("The buffer is not empty or the archive is incomplete.")
         if emails != leads or emailed_twice:
             raise CommandError("Welcome emails do not match the committed sign-ups one to one.")
+        if transfers != TRANSFERS or total != ACCOUNTS * OPENING_BALANCE:
+            raise CommandError("A transfer was applied twice or lost, or money appeared.")
+        if stale_feeds:
+            raise CommandError(f"{stale_feeds} blog feed(s) miss their latest post.")
         self.stdout.write(self.style.SUCCESS("Buffer empty, archive complete."))
