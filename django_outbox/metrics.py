@@ -132,5 +132,12 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             "Staff login or 'Authorization: Bearer <METRICS_TOKEN>' required.\n",
             content_type="text/plain",
         )
-    body, content_type = render()
+    try:
+        body, content_type = render()
+    except ImportError:
+        return HttpResponse(
+            "prometheus-client is not installed: pip install 'django-outbox-batching[metrics]'.\n",
+            status=501,
+            content_type="text/plain",
+        )
     return HttpResponse(body, content_type=content_type)
