@@ -414,6 +414,8 @@ def cmd_bench(bench_args: list[str]) -> int:
             raise DevError(f"could not create the benchmark database {redact(url)}")
         env = {**os.environ, "BENCH_DATABASE_URL": url}
         log(f"benchmark on {redact(url)}")
+        if bench_args[:1] == ["soak"]:  # python3 dev.py bench soak [--minutes M] ...
+            return run([PYTHON, "-m", "benchmarks.soak", *bench_args[1:]], env=env)
         return run([PYTHON, "-m", "benchmarks.run", *bench_args], env=env)
 
 

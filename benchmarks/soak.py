@@ -1,7 +1,6 @@
 """Dead tuples of the buffer under sustained load: PostgreSQL's defaults against tuned.
 
-``python -m benchmarks.soak [--minutes M] [--rate N] [--standing ROWS]`` (with
-``BENCH_DATABASE_URL``; ``python3 dev.py bench --soak`` passes it) publishes N events/s
+``python3 dev.py bench soak [--minutes M] [--rate N] [--standing ROWS]`` publishes N events/s
 into the benchmark stream while a real qcluster drains it, next to a standing backlog of
 another stream (a buffer that holds rows for a while, as during an outage of the remote
 side). It samples the buffer's live and dead tuples every 5 s, first with the table's
