@@ -39,3 +39,14 @@ class BenchJob(UniqueJob):
 
     def perform(self, heartbeat: Callable[[], None]) -> None:
         """Nothing: the benchmark measures the job machinery, not the work."""
+
+
+class TriggeredOrder(models.Model):
+    """The same row as :class:`Order`, published to the ``bench`` stream by a PublishTrigger."""
+
+    customer = models.CharField(max_length=100)
+    amount = models.DecimalField(max_digits=10, decimal_places=2)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"triggered order {self.pk}"

@@ -24,3 +24,14 @@ class JobEffect(models.Model):
 
     def __str__(self) -> str:
         return self.label
+
+
+class Purchase(models.Model):
+    """An application table whose writes publish to the ``audit`` stream by trigger."""
+
+    customer = models.CharField(max_length=100)
+    amount = models.DecimalField(max_digits=10, decimal_places=2)
+    note = models.CharField(max_length=100, blank=True)  # not published
+
+    def __str__(self) -> str:
+        return f"purchase {self.pk}"

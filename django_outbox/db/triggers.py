@@ -1,0 +1,133 @@
+"""Publish triggers: a row written to an application table publishes an event by itself.
+
+The trigger inserts into the generic buffer inside the statement that wrote the row, so
+the event commits or rolls back with it and costs no extra round trip. One trigger per
+operation (insert, update, delete); an update publishes only when a listed column
+changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+OPERATIONS = ("insert", "update", "delete")
+
+
+@dataclass(frozen=True)
+class TriggerSpec:
+    """What a publish trigger writes: from *table*'s *columns* into *buffer* for *stream*."""
+
+    table: str
+    buffer: str
+    stream: str
+    keys: Sequence[str]  # payload keys, the model's field names
+    columns: Sequence[str]  # their columns, in the same order
+    on: Sequence[str]
+
+    @property
+    def base_name(self) -> str:
+        """Return a stable identifier of at most 40 characters for this table and stream."""
+        digest = hashlib.sha1(f"{self.table}\0{self.stream}".encode()).hexdigest()[:10]
+        return f"outbox_pub_{self.table[:18]}_{digest}"
+
+    def trigger_name(self, operation: str) -> str:
+        return f"{self.base_name}_{operation[:3]}"
+
+
+def _literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _payload_pairs(spec: TriggerSpec, qn, row: str, operation: str) -> str:
+    pairs = [f"'op', {_literal(operation)}"]
+    pairs += [f"{_literal(k)}, {row}.{qn(c)}" for k, c in zip(spec.keys, spec.columns, strict=True)]
+    return ", ".join(pairs)
+
+
+def _changed(spec: TriggerSpec, qn, distinct: str) -> str:
+    return " OR ".join(f"OLD.{qn(c)} {distinct} NEW.{qn(c)}" for c in spec.columns)
+
+
+def create_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[str]:
+    """Return the statements that install *spec*'s triggers on *connection*'s database."""
+    qn = connection.ops.quote_name
+    if connection.vendor == "postgresql":
+        return _postgres_create(spec, qn)
+    if connection.vendor == "sqlite":
+        return _sqlite_create(spec, qn)
+    raise NotImplementedError(
+        f"publish triggers support PostgreSQL and SQLite, not {connection.vendor!r}."
+    )
+
+
+def drop_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[str]:
+    """Return the statements that remove *spec*'s triggers (and function) again."""
+    qn = connection.ops.quote_name
+    if connection.vendor == "postgresql":
+        return [
+            f"DROP TRIGGER IF EXISTS {qn(spec.trigger_name(op))} ON {qn(spec.table)}"
+            for op in spec.on
+        ] + [f"DROP FUNCTION IF EXISTS {qn(spec.base_name)}()"]
+    if connection.vendor == "sqlite":
+        return [f"DROP TRIGGER IF EXISTS {qn(spec.trigger_name(op))}" for op in spec.on]
+    raise NotImplementedError(
+        f"publish triggers support PostgreSQL and SQLite, not {connection.vendor!r}."
+    )
+
+
+def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
+    from django_outbox.db.postgresql import NOW_SQL
+
+    insert = (
+        f"INSERT INTO {qn(spec.buffer)} (created_at, stream, payload) "
+        f"VALUES ({NOW_SQL}, {_literal(spec.stream)}, "
+    )
+    branches = []
+    for op in spec.on:
+        row = "OLD" if op == "delete" else "NEW"
+        branches.append(
+            f"IF TG_OP = {_literal(op.upper())} THEN\n"
+            f"    {insert}jsonb_build_object({_payload_pairs(spec, qn, row, op)}));\n"
+            f"    RETURN NULL;\n  END IF;"
+        )
+    function = (
+        f"CREATE OR REPLACE FUNCTION {qn(spec.base_name)}() RETURNS trigger "
+        "LANGUAGE plpgsql AS $outbox$\nBEGIN\n  "
+        + "\n  ".join(branches)
+        + "\n  RETURN NULL;\nEND\n$outbox$"
+    )
+    statements = [function]
+    for op in spec.on:
+        event = (
+            "UPDATE OF " + ", ".join(qn(c) for c in spec.columns) if op == "update" else op.upper()
+        )
+        when = f" WHEN ({_changed(spec, qn, 'IS DISTINCT FROM')})" if op == "update" else ""
+        statements.append(
+            f"CREATE TRIGGER {qn(spec.trigger_name(op))} AFTER {event} ON {qn(spec.table)} "
+            f"FOR EACH ROW{when} EXECUTE FUNCTION {qn(spec.base_name)}()"
+        )
+    return statements
+
+
+def _sqlite_create(spec: TriggerSpec, qn) -> list[str]:
+    from django_outbox.db.sqlite import NOW_SQL
+
+    now = NOW_SQL.replace("%%", "%")
+    statements = []
+    for op in spec.on:
+        row = "OLD" if op == "delete" else "NEW"
+        event = (
+            "UPDATE OF " + ", ".join(qn(c) for c in spec.columns) if op == "update" else op.upper()
+        )
+        when = f" WHEN {_changed(spec, qn, 'IS NOT')}" if op == "update" else ""
+        statements.append(
+            f"CREATE TRIGGER {qn(spec.trigger_name(op))} AFTER {event} ON {qn(spec.table)} "
+            f"FOR EACH ROW{when} BEGIN "
+            f"INSERT INTO {qn(spec.buffer)} (created_at, stream, payload) VALUES ({now}, "
+            f"{_literal(spec.stream)}, json_object({_payload_pairs(spec, qn, row, op)})); END"
+        )
+    return statements

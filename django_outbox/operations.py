@@ -1,0 +1,134 @@
+"""Migration operations.
+
+``PublishTrigger`` installs database triggers that publish an event to the generic
+buffer whenever a row of an application table is inserted, updated or deleted, from any
+code path (the ORM, ``bulk_create``, ``QuerySet.update()``, raw SQL, another service
+writing to the same database). The event is written by the statement that changed the
+row, so it commits and rolls back with it and costs the transaction no extra round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import router
+from django.db.migrations.operations.base import Operation
+
+from django_outbox.checks import STREAM_NAME
+from django_outbox.db.triggers import OPERATIONS, TriggerSpec, create_statements, drop_statements
+
+
+class PublishTrigger(Operation):
+    """Publish a model's row changes to *stream* through database triggers.
+
+    ``PublishTrigger("order", stream="orders", fields=["id", "amount"])`` publishes
+    ``{"op": "insert", "id": ..., "amount": ...}`` for every new row; with
+    ``on=["insert", "update", "delete"]`` also updates that change a listed field (the
+    new values) and deletes (the old values). Values are the database's JSON rendering
+    of the columns. The stream must use the generic buffer (no ``MODEL`` option).
+    """
+
+    reversible = True
+    reduces_to_sql = True
+
+    def __init__(
+        self,
+        model_name: str,
+        stream: str,
+        fields: Iterable[str],
+        on: Iterable[str] = ("insert",),
+    ) -> None:
+        self.model_name = model_name
+        self.stream = stream
+        self.fields = list(fields)
+        self.on = [op.lower() for op in on]
+        if not isinstance(stream, str) or not STREAM_NAME.match(stream):
+            raise ValueError(
+                f"PublishTrigger: {stream!r} is not a stream name (lower-case letters, "
+                "digits, '_' and '-', at most 64 characters)."
+            )
+        if not self.fields:
+            raise ValueError("PublishTrigger: name at least one field to publish.")
+        if "op" in self.fields:
+            raise ValueError(
+                "PublishTrigger: 'op' is the payload key of the operation; rename the field."
+            )
+        unknown = [op for op in self.on if op not in OPERATIONS]
+        if unknown or not self.on or len(set(self.on)) != len(self.on):
+            raise ValueError(
+                f"PublishTrigger: on={list(on)!r}; choose one or more of "
+                f"{', '.join(OPERATIONS)}, each once."
+            )
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs: dict[str, Any] = {"stream": self.stream, "fields": self.fields}
+        if self.on != ["insert"]:
+            kwargs["on"] = self.on
+        return self.__class__.__qualname__, [self.model_name], kwargs
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        """Change nothing in the model state: triggers live only in the database."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        spec = self._spec(app_label, schema_editor, to_state)
+        if spec is not None:
+            for sql in create_statements(schema_editor.connection, spec):
+                schema_editor.execute(sql, params=None)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        spec = self._spec(app_label, schema_editor, from_state)
+        if spec is not None:
+            for sql in drop_statements(schema_editor.connection, spec):
+                schema_editor.execute(sql, params=None)
+
+    def describe(self) -> str:
+        return f"Publish {', '.join(self.on)} of {self.model_name} to stream {self.stream}"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"publish_{self.model_name.lower()}_{self.stream.replace('-', '_')}"
+
+    def _spec(self, app_label: str, schema_editor: Any, state: Any) -> TriggerSpec | None:
+        """Resolve table and columns from the migration state; None when not routed here."""
+        model = state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return None
+        try:
+            buffer = state.apps.get_model("django_outbox", "OutboxEvent")
+        except LookupError:
+            raise ValueError(
+                f"PublishTrigger on {app_label}.{self.model_name}: the migration must depend "
+                "on django_outbox's, e.g. ('django_outbox', '0001_initial')."
+            ) from None
+        if router.db_for_write(buffer) != schema_editor.connection.alias:
+            raise ValueError(
+                f"PublishTrigger on {app_label}.{self.model_name}: the outbox buffer is on "
+                f"database {router.db_for_write(buffer)!r}, the table on "
+                f"{schema_editor.connection.alias!r}; a trigger can only write to its own database."
+            )
+        columns = []
+        for name in self.fields:
+            try:
+                field = model._meta.get_field(name)
+            except Exception:
+                raise ValueError(
+                    f"PublishTrigger on {app_label}.{self.model_name}: no field {name!r}."
+                ) from None
+            if not getattr(field, "concrete", False) or field.column is None:
+                raise ValueError(
+                    f"PublishTrigger on {app_label}.{self.model_name}: {name!r} has no column."
+                )
+            columns.append(field.column)
+        return TriggerSpec(
+            table=model._meta.db_table,
+            buffer=buffer._meta.db_table,
+            stream=self.stream,
+            keys=list(self.fields),
+            columns=columns,
+            on=list(self.on),
+        )
