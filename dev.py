@@ -59,6 +59,12 @@ with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 """
 
+AUTOVACUUM_SNIPPET = """
+import sys, psycopg
+with psycopg.connect(sys.argv[1], connect_timeout=3) as conn:
+    sys.exit(0 if conn.execute("SHOW autovacuum").fetchone()[0] == "on" else 1)
+"""
+
 PROBE_SNIPPET = """
 import sys, psycopg
 with psycopg.connect(sys.argv[1], connect_timeout=3) as conn:
@@ -408,7 +414,12 @@ def cmd_tox(tox_args: list[str]) -> int:
 def cmd_bench(bench_args: list[str]) -> int:
     """Run the benchmark against PostgreSQL, in a database of its own (``outbox_bench``)."""
     bootstrap()
-    with find_postgres() as pg:
+    with contextlib.ExitStack() as stack:
+        pg = stack.enter_context(find_postgres())
+        if bench_args[:1] == ["soak"] and run([PYTHON, "-c", AUTOVACUUM_SNIPPET, pg.url]) != 0:
+            # The soak measures autovacuum: a server that has it off cannot show anything.
+            log(f"autovacuum is off on {redact(pg.url)}; the soak runs on a throwaway server")
+            pg = Postgres(stack.enter_context(throwaway_pgserver()), "throwaway pgserver")
         url = urlunsplit(urlsplit(pg.url)._replace(path="/outbox_bench"))
         if run([PYTHON, "-c", CREATE_DB_SNIPPET, url]) != 0:
             raise DevError(f"could not create the benchmark database {redact(url)}")

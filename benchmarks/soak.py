@@ -99,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         cursor.execute(f"ALTER TABLE {TABLE} RESET ({names})")
         cursor.execute("SHOW autovacuum_naptime")
         naptime = cursor.fetchone()[0]
+        cursor.execute("SHOW autovacuum")
+        if cursor.fetchone()[0] != "on":
+            print(
+                "autovacuum is off on this server: the soak measures autovacuum, so it needs "
+                "a server where it runs (python3 dev.py bench soak picks one).",
+                file=sys.stderr,
+            )
+            return 2
     standing_backlog(args.standing)
     report: dict[str, Any] = {"rate": args.rate, "standing": args.standing, "naptime": naptime}
     with cluster():

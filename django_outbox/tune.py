@@ -11,12 +11,12 @@ grow and are pruned (archive, idempotency keys) keep PostgreSQL's defaults.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.apps import apps
-from django.db import models
+from django.db import connections, models
 
 from django_outbox.conf import outbox_settings
 from django_outbox.db import buffer_ops, connection_for
@@ -153,6 +153,21 @@ def report() -> list[TableReport]:
     return reports
 
 
+@dataclass
+class ServerReport:
+    database: str
+    settings: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def servers() -> list[ServerReport]:
+    """The autovacuum settings of every PostgreSQL database that holds a table of the app."""
+    aliases = dict.fromkeys(connection_for(t.model).alias for t in postgres_tables())
+    return [ServerReport(alias, sql.server_settings(connections[alias])) for alias in aliases]
+
+
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -169,10 +184,37 @@ def apply() -> list[str]:
     return changes
 
 
-def problems(reports: list[TableReport], *, max_dead_ratio: float, min_dead: int) -> list[str]:
-    """One line per problem: too many dead tuples, recommended parameters missing."""
+def problems(
+    reports: list[TableReport],
+    *,
+    max_dead_ratio: float,
+    min_dead: int,
+    server_reports: Sequence[ServerReport] = (),
+) -> list[str]:
+    """One line per problem: autovacuum off (server or table), too many dead tuples,
+    recommended parameters missing.
+    """
     lines = []
+    for server in server_reports:
+        if server.settings.get("autovacuum") == "off":
+            lines.append(
+                f"database {server.database!r}: autovacuum is off on this server, so dead "
+                "tuples are never removed automatically and the tables' autovacuum "
+                "parameters have no effect; set autovacuum = on in postgresql.conf."
+            )
+        if server.settings.get("track_counts") == "off":
+            lines.append(
+                f"database {server.database!r}: track_counts is off, so autovacuum cannot "
+                "see dead tuples and the counts above are not maintained; set "
+                "track_counts = on in postgresql.conf."
+            )
     for table in reports:
+        if table.options.get("autovacuum_enabled") in ("false", "off", "0"):
+            lines.append(
+                f"{table.table} ({table.role}): autovacuum is disabled for this table "
+                "(autovacuum_enabled=false); run ALTER TABLE "
+                f"{table.table} RESET (autovacuum_enabled)."
+            )
         if table.dead_tuples >= min_dead and table.dead_ratio > max_dead_ratio:
             lines.append(
                 f"{table.table} ({table.role}): {table.dead_ratio:.0%} dead tuples "

@@ -28,6 +28,17 @@ def run(*args: str) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def server_autovacuum() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        return cursor.fetchone()[0]
+
+
+def table_lines(err: str) -> list[str]:
+    """The problem lines about tables (server-wide ones start with 'database')."""
+    return [line for line in err.splitlines() if not line.startswith("database ")]
+
+
 @pytest.fixture
 def postgres(vendor):
     if vendor != "postgresql":
@@ -99,10 +110,14 @@ def test_check_lists_untuned_tables_apply_fixes_them_once(postgres):
     assert buffer.options["autovacuum_vacuum_scale_factor"] == "0"
     assert buffer.options["autovacuum_vacuum_threshold"] == "5000"
 
-    code, out, _ = run("--apply", "--check")
-    assert code == 0
+    code, out, err = run("--apply", "--check")
     assert ": set " not in out  # idempotent: nothing left to change
-    assert out.endswith("No problems found.\n")
+    assert table_lines(err) == []
+    if server_autovacuum() == "on":
+        assert (code, err) == (0, "")
+        assert out.endswith("No problems found.\n")
+    else:  # a server with autovacuum off is a problem of its own
+        assert code == 1
 
 
 @pytest.mark.postgres
@@ -123,9 +138,43 @@ def test_check_reports_a_table_full_of_dead_tuples(postgres):
     code, _, err = run("--check", "--max-dead-ratio", "0.5", "--min-dead", "1000")
 
     assert code == 1
-    [line] = err.splitlines()
-    assert line.startswith("django_outbox_outboxevent (buffer of audit): 67% dead tuples")
-    assert run("--check", "--max-dead-ratio", "0.7")[0] == 0
+    disabled, ratio = table_lines(err)
+    assert disabled == (
+        "django_outbox_outboxevent (buffer of audit): autovacuum is disabled for this table "
+        "(autovacuum_enabled=false); run ALTER TABLE django_outbox_outboxevent RESET "
+        "(autovacuum_enabled)."
+    )
+    assert ratio.startswith("django_outbox_outboxevent (buffer of audit): 67% dead tuples")
+    assert table_lines(run("--check", "--max-dead-ratio", "0.7")[2]) == [disabled]
+
+
+@pytest.mark.postgres
+def test_the_servers_autovacuum_settings_are_reported(postgres):
+    _, out, err = run("--check")
+
+    autovacuum = server_autovacuum()
+    assert out.startswith(f"database default: autovacuum {autovacuum}, naptime ")
+    server_lines = [line for line in err.splitlines() if line.startswith("database ")]
+    if autovacuum == "on":
+        assert server_lines == []
+    else:
+        assert server_lines == [
+            "database 'default': autovacuum is off on this server, so dead tuples are never "
+            "removed automatically and the tables' autovacuum parameters have no effect; set "
+            "autovacuum = on in postgresql.conf."
+        ]
+
+
+def test_autovacuum_or_track_counts_off_on_the_server_is_a_problem():
+    off = tune.ServerReport("default", {"autovacuum": "off", "track_counts": "off"})
+    on = tune.ServerReport("default", {"autovacuum": "on", "track_counts": "on"})
+
+    lines = tune.problems([], max_dead_ratio=0.2, min_dead=1000, server_reports=[off])
+
+    assert [line.split(":")[0] for line in lines] == ["database 'default'"] * 2
+    assert "autovacuum is off on this server" in lines[0]
+    assert "track_counts is off" in lines[1]
+    assert tune.problems([], max_dead_ratio=0.2, min_dead=1000, server_reports=[on]) == []
 
 
 @pytest.mark.postgres
@@ -134,6 +183,8 @@ def test_json_output_is_machine_readable(postgres):
 
     data = json.loads(out)
     assert code == 0
+    assert [s["database"] for s in data["servers"]] == ["default"]
+    assert data["servers"][0]["settings"]["autovacuum"] == server_autovacuum()
     assert {t["table"] for t in data["tables"]} >= {"django_outbox_outboxevent"}
     assert {(p["stream"], p["statement"]) for p in data["plans"]} == {
         (stream, name)

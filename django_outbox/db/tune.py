@@ -62,6 +62,19 @@ def set_parameters(
         cursor.execute(f"ALTER TABLE {connection.ops.quote_name(table)} SET ({assignments})")
 
 
+#: Server settings that decide whether autovacuum runs at all, and how often it looks.
+SERVER_SETTINGS = ("autovacuum", "track_counts", "autovacuum_naptime", "autovacuum_max_workers")
+
+
+def server_settings(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """The server's autovacuum settings (``SERVER_SETTINGS``) as PostgreSQL reports them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(SERVER_SETTINGS)]
+        )
+        return {name: setting for name, setting in cursor.fetchall()}
+
+
 def server_version(connection: BaseDatabaseWrapper) -> int:
     """The server's version number, e.g. 160004."""
     connection.ensure_connection()

@@ -71,12 +71,17 @@ class Command(BaseCommand):
             return
         changes = tune.apply() if options["apply"] else []
         reports = tune.report()
+        servers = tune.servers()
         found = tune.problems(
-            reports, max_dead_ratio=options["max_dead_ratio"], min_dead=options["min_dead"]
+            reports,
+            max_dead_ratio=options["max_dead_ratio"],
+            min_dead=options["min_dead"],
+            server_reports=servers,
         )
         statements = tune.pipeline_statements() if options["explain"] else []
         if options["json"]:
             data: dict[str, Any] = {
+                "servers": [s.as_json() for s in servers],
                 "tables": [r.as_json() for r in reports],
                 "changes": changes,
                 "problems": found,
@@ -90,6 +95,8 @@ class Command(BaseCommand):
         else:
             for line in changes:
                 self.stdout.write(line)
+            for server in servers:
+                self.stdout.write(_server_line(server))
             self._table(reports)
             for statement in statements:
                 self.stdout.write(f"\n-- {statement.stream}: {statement.name}")
@@ -115,6 +122,16 @@ class Command(BaseCommand):
                 f"{r.table:<36} {_size(r.total_bytes):>10} {r.live_tuples:>10,} "
                 f"{r.dead_tuples:>9,} {r.dead_ratio:>6.1%} {vacuumed:<20} {tuned:<5} {r.role}"
             )
+
+
+def _server_line(server: tune.ServerReport) -> str:
+    settings = server.settings
+    return (
+        f"database {server.database}: autovacuum {settings.get('autovacuum', '?')}, "
+        f"naptime {settings.get('autovacuum_naptime', '?')} s, "
+        f"{settings.get('autovacuum_max_workers', '?')} workers, "
+        f"track_counts {settings.get('track_counts', '?')}"
+    )
 
 
 def _size(size: int) -> str:
