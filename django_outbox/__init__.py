@@ -21,6 +21,7 @@ __all__ = [
     "PermanentFailure",
     "UniqueJob",
     "UnknownStream",
+    "kick",
     "publish",
     "publish_many",
 ]
@@ -36,6 +37,7 @@ _LAZY = {
     "PermanentFailure": "django_outbox.exceptions",
     "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
+    "kick": "django_outbox.streams",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
 }

@@ -35,7 +35,7 @@ POSITIVE_INT_OPTIONS = (
     "BACKOFF_MAX_SECONDS",
     "LEASE_SECONDS",
 )
-BOOL_OPTIONS = ("ARCHIVE", "TRANSACTIONAL")
+BOOL_OPTIONS = ("ARCHIVE", "TRANSACTIONAL", "KICK")
 
 
 def _is_positive_int(value: Any) -> bool:

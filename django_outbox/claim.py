@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models.functions import Now
 
 from django_outbox import transport
 from django_outbox.conf import get_stream
-from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import buffer_ops, connection_for, database_now
 from django_outbox.db.transient import retry_transient
 from django_outbox.models import GroupState, OutboxGroup, StreamState
 from django_outbox.streams import continue_chain, effective_batch_size
@@ -23,6 +23,9 @@ class ClaimResult:
     group_id: uuid.UUID | None
     size: int
     limit: int
+    #: When the claim statement's snapshot could be taken at the earliest (database
+    #: clock); measured only for streams that have been kicked.
+    started_at: datetime | None = None
 
     @property
     def claimed_any(self) -> bool:
@@ -50,6 +53,8 @@ def claim_group(stream: str) -> ClaimResult:
     group_id = uuid.uuid4()
     ops = buffer_ops(model)
     alias = connection_for(model).alias
+    kicked = state is not None and state.kicked_at is not None
+    started_at = database_now(alias) if kicked else None
 
     def claim_transaction() -> int:
         with transaction.atomic(using=alias):
@@ -68,7 +73,7 @@ def claim_group(stream: str) -> ClaimResult:
         return size
 
     size = retry_transient(claim_transaction, alias, what=f"claim of stream {stream}")
-    return ClaimResult(stream, group_id if size else None, size, limit)
+    return ClaimResult(stream, group_id if size else None, size, limit, started_at)
 
 
 def run_claim_chain_link(stream: str) -> ClaimResult:
@@ -80,5 +85,5 @@ def run_claim_chain_link(stream: str) -> ClaimResult:
     behind. The decision is made under the stream's state-row lock.
     """
     result = claim_group(stream)
-    continue_chain(stream, full=result.full)
+    continue_chain(stream, full=result.full, started_at=result.started_at)
     return result

@@ -35,6 +35,7 @@ STREAM_DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 300,
     "ARCHIVE": True,
     "TRANSACTIONAL": False,
+    "KICK": False,
     "CLUSTER": None,
     "ON_EXHAUSTED": None,
     "ARCHIVE_RETENTION_DAYS": None,
@@ -83,6 +84,7 @@ class StreamConfig:
     archive: bool
     transactional: bool
     cluster: str | None
+    kick: bool = False
     on_exhausted: str | None = None
     archive_retention_days: int | None = None
     archive_failed_retention_days: int | None = None
@@ -105,6 +107,7 @@ class StreamConfig:
             lease_seconds=merged["LEASE_SECONDS"],
             archive=merged["ARCHIVE"],
             transactional=merged["TRANSACTIONAL"],
+            kick=merged["KICK"],
             cluster=merged["CLUSTER"],
             on_exhausted=merged["ON_EXHAUSTED"],
             archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from datetime import datetime, timedelta
+
+from django.db import connections, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.db.models.functions import Now
 
 from django_outbox import transport
@@ -30,18 +33,31 @@ def set_paused(stream: str, paused: bool) -> None:
     StreamState.objects.filter(stream=stream).update(paused=paused, updated_at=Now())
 
 
-def continue_chain(stream: str, *, full: bool) -> bool:
+#: Kicks of one stream closer together than this write the state row once. A claim that
+#: started less than this after the last recorded kick is followed by one more claim, so
+#: the rows of a kick that was folded into an earlier one are never left behind.
+KICK_DEBOUNCE = timedelta(milliseconds=100)
+
+
+def continue_chain(stream: str, *, full: bool, started_at: datetime | None = None) -> bool:
     """Give back a finished claim's slot; continue its chain if it was full and needed.
 
     A full claim enqueues its successor while fewer than the stream's ``CHAINS`` claims
     are left in flight: distribute's wave covers the backlog it counted, and up to
-    ``CHAINS`` chains carry on past it. Returns whether the chain continues.
+    ``CHAINS`` chains carry on past it. A claim that started (*started_at*, database
+    clock) before a recent kick may have missed the rows that kick announced, so it is
+    followed by one more claim too. Returns whether the chain continues.
     """
     alias = connection_for(StreamState).alias
     with transaction.atomic(using=alias):
         state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
         in_flight = max(state.claims_in_flight - 1, 0)
-        successor = full and in_flight < get_stream(stream).chains
+        kicked = (
+            started_at is not None
+            and state.kicked_at is not None
+            and state.kicked_at + KICK_DEBOUNCE >= started_at
+        )
+        successor = (full or kicked) and in_flight < get_stream(stream).chains
         if successor:
             transport.enqueue(transport.CLAIM, [(stream,)], cluster=get_stream(stream).cluster)
             in_flight += 1
@@ -49,3 +65,66 @@ def continue_chain(stream: str, *, full: bool) -> bool:
             claims_in_flight=in_flight, claims_touched_at=Now()
         )
     return successor
+
+
+class _Kick:
+    """The on-commit callback of :func:`kick`; one per stream and transaction."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+
+    def __call__(self) -> None:
+        start_kicked_claim(self.stream)
+
+
+def kick(stream: str, *, using: str | None = None) -> None:
+    """Start a claim of *stream* as soon as the current transaction commits.
+
+    ``publish()`` and ``publish_many()`` call this for streams with ``KICK`` on; call it
+    yourself after writing rows of a custom buffer model. Within one transaction the
+    stream is kicked once, whatever the number of calls; a rolled-back transaction kicks
+    nothing. Outside a transaction the kick happens at once.
+    """
+    get_stream(stream)
+    alias = using or connection_for(StreamState).alias
+    connection = connections[alias]
+    if connection.in_atomic_block:
+        for entry in connection.run_on_commit:
+            callback = entry[1]
+            if isinstance(callback, _Kick) and callback.stream == stream:
+                return
+    transaction.on_commit(_Kick(stream), using=alias)
+
+
+def start_kicked_claim(stream: str) -> bool:
+    """Enqueue a claim of *stream* unless one is in flight; record the kick either way.
+
+    A kick within ``KICK_DEBOUNCE`` of the last recorded one costs one SELECT and changes
+    nothing: the claims of that kick continue until one starts after it (see
+    :func:`continue_chain`). Otherwise one short transaction either starts a claim (none
+    in flight, not paused) or records the kick's time for the claims in flight. Returns
+    whether a claim was enqueued.
+    """
+    config = get_stream(stream)
+    alias = connection_for(StreamState).alias
+    due = Q(kicked_at__isnull=True) | Q(kicked_at__lt=Now() - KICK_DEBOUNCE)
+    states = StreamState.objects.using(alias).filter(stream=stream)
+    row = states.annotate(due=ExpressionWrapper(due, output_field=BooleanField())).values(
+        "due", "paused", "claims_in_flight"
+    )
+    current = row.first()
+    if current is None:  # the stream's very first kick
+        runtime_state(stream)
+        current = row.first()
+    if not current["due"]:
+        return False
+    with transaction.atomic(using=alias):
+        if not current["paused"] and current["claims_in_flight"] <= 0:
+            started = states.filter(due, paused=False, claims_in_flight__lte=0).update(
+                kicked_at=Now(), claims_in_flight=1, claims_touched_at=Now()
+            )
+            if started:
+                transport.enqueue(transport.CLAIM, [(stream,)], cluster=config.cluster)
+                return True
+        states.filter(due).update(kicked_at=Now())
+    return False

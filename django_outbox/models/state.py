@@ -21,6 +21,12 @@ class StreamState(models.Model):
     )
     claims_in_flight = models.IntegerField(default=0, editable=False)
     claims_touched_at = models.DateTimeField(null=True, blank=True, editable=False)
+    kicked_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Last commit that published to the stream with KICK on (database clock).",
+    )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 
     class Meta:
