@@ -356,6 +356,47 @@ def publish_overhead(transactions: int) -> dict[str, float]:
     }
 
 
+def kick_latency(commits: int, pace: float = 0.1) -> dict[str, Any]:
+    """Seconds from an event's commit to its archive row with ``KICK`` on.
+
+    One event per transaction every *pace* seconds into a running cluster, and no
+    distribute at all (the cluster's scheduler is off): only the kicks and the claims
+    they start move the rows. Without the kick an event waits for the next distribute,
+    up to the stream's ``EVERY_MINUTES``.
+    """
+    from django.conf import settings
+
+    from django_outbox.models import ArchivedEvent
+
+    reset()
+    streams = dict(settings.DJANGO_OUTBOX["STREAMS"])
+    streams[STREAM] = {**streams[STREAM], "KICK": True}
+    kicked = {**settings.DJANGO_OUTBOX, "STREAMS": streams}
+    with override_settings(DJANGO_OUTBOX=kicked), cluster():
+        for i in range(commits):
+            with transaction.atomic():
+                publish(STREAM, payload(i))
+            time.sleep(pace)  # the inflow's pace
+        wait_until(
+            lambda: ArchivedEvent.objects.filter(stream=STREAM).count() >= commits,
+            timeout=120,
+            what="every kicked event archived",
+        )
+    latencies = sorted(
+        (archived_at - created_at).total_seconds()
+        for created_at, archived_at in ArchivedEvent.objects.filter(stream=STREAM).values_list(
+            "created_at", "archived_at"
+        )
+    )
+    return {
+        "commits": commits,
+        "pace_s": pace,
+        "median_s": round(statistics.median(latencies), 3),
+        "p95_s": round(latencies[int(len(latencies) * 0.95) - 1], 3),
+        "max_s": round(latencies[-1], 3),
+    }
+
+
 def staged_forwarding(jobs: int) -> dict[str, float]:
     """Jobs handed to django-q2 per second: direct ``async_task`` against staged jobs.
 
@@ -489,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staged-jobs", type=int, default=5_000)
     parser.add_argument("--unique-jobs", type=int, default=10_000)
     parser.add_argument("--archive-rows", type=int, default=1_000_000)
+    parser.add_argument("--kick-commits", type=int, default=100, help="commits timed with KICK on")
     parser.add_argument("--json", type=Path, default=ROOT / "artifacts" / "bench.json")
     parser.add_argument("--repeat", type=int, default=5, help="paired runs of B and C (median)")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
@@ -496,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
         args.scale, args.repeat, args.staged_jobs = [10_000, 50_000], 1, 500
-        args.unique_jobs, args.archive_rows = 500, 20_000
+        args.unique_jobs, args.archive_rows, args.kick_commits = 500, 20_000, 20
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -520,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     small, large = (claim_latency(n) for n in args.scale)
     statements = library_statements(min(args.events, 10_000))
     forwarding = staged_forwarding(args.staged_jobs)
+    kick = kick_latency(args.kick_commits)
     unique_dispatch = measure_dispatch(args.unique_jobs)
     operations = measure_operations(args.archive_rows)
     with connection.cursor() as cursor:
@@ -557,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratio": round(large / small, 3),
         },
         "library_statements_per_event": round(statements, 4),
+        "kick_latency": kick,
         "buffer_after_run": health,
         "staged_forwarding": forwarding,
         "unique_dispatch": unique_dispatch,
@@ -615,6 +659,12 @@ def print_table(report: dict[str, Any]) -> None:
         f"stage_task + forward on commit {f['stage_forward_on_commit_per_s']:,}/s, "
         f"stage_task then drain {f['stage_then_drain_per_s']:,}/s "
         f"(the drain alone {f['drain_forwarded_per_s']:,}/s)"
+    )
+    k = report["kick_latency"]
+    print(
+        f"KICK: commit -> archived in {k['median_s']} s median, {k['p95_s']} s p95, "
+        f"{k['max_s']} s max ({k['commits']} commits, one every {k['pace_s']} s, "
+        "no distribute)"
     )
     u = report["unique_dispatch"]
     print(
