@@ -290,7 +290,14 @@ class StreamStateAdmin(admin.ModelAdmin):
 
     list_display = ("stream", "paused", "batch_size_override", "claims_in_flight", "updated_at")
     list_editable = ("batch_size_override",)
-    readonly_fields = ("stream", "paused", "claims_in_flight", "claims_touched_at", "updated_at")
+    readonly_fields = (
+        "stream",
+        "paused",
+        "claims_in_flight",
+        "claims_touched_at",
+        "kicked_at",
+        "updated_at",
+    )
     fields = ("stream", "paused", "batch_size_override", *readonly_fields[2:])
     actions = ("pause", "resume")
 
