@@ -211,3 +211,58 @@ def test_a_real_cluster_processes_kicked_commits_with_no_distribute_at_all(tmp_p
     )
     median, worst = latencies[len(latencies) // 2], latencies[-1]
     print(f"\nkicked commit -> archived: median {median:.2f}s, max {worst:.2f}s")
+
+
+@pytest.mark.process
+@override_settings(**KICKED)
+def test_a_steady_inflow_above_what_distribute_alone_moves_stays_bounded(tmp_path):
+    """DESIGN's throughput test: 40 commits/s for 15 s against a stream whose distribute
+    alone moves MAX_BATCHES x BATCH_SIZE = 500 rows a minute (8 a second), with only the
+    synced schedules and a real qcluster. The backlog stays within a few seconds of
+    inflow, and once the inflow stops the rest drains with the schedule removed."""
+    from django_q.models import Schedule
+
+    from django_outbox.conf import get_stream
+    from django_outbox.models import ArchivedEvent
+    from django_outbox.schedules import sync_schedules
+    from tests.procs import fail_on_queue_failures, log_problems, qcluster, wait_until
+
+    config = get_stream("audit")
+    rate, seconds = 40, 15
+    assert rate * 60 > 4 * config.max_batches * config.batch_size
+    sync_schedules()
+    assert Schedule.objects.filter(func="django_outbox.tasks.distribute").count() == 1
+
+    def unclaimed() -> int:
+        return OutboxEvent.objects.filter(group_id__isnull=True).count()
+
+    published, backlog = [], []
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            tick = time.monotonic()
+            with transaction.atomic():
+                published.append(publish("audit", {"n": len(published)}))
+            if len(published) % rate == 0:
+                backlog.append(unclaimed())  # about once a second
+            time.sleep(max(0.0, 1 / rate - (time.monotonic() - tick)))
+        Schedule.objects.all().delete()  # from here on, no distribute can help
+        wait_until(
+            lambda: ArchivedEvent.objects.filter(stream="audit").count() == len(published),
+            timeout=60,
+            describe=lambda: {
+                "archived": ArchivedEvent.objects.filter(stream="audit").count(),
+                "published": len(published),
+                "unclaimed": unclaimed(),
+                "claims_in_flight": state().claims_in_flight,
+            },
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+    assert log_problems(cluster) == []
+    assert OutboxEvent.objects.count() == 0
+    assert sorted(ArchivedEvent.objects.values_list("event_id", flat=True)) == published
+    print(f"\n{len(published)} commits in {seconds}s; unclaimed backlog each second: {backlog}")
+    # Bounded: never more than 5 seconds of inflow waiting. Distribute alone would let it
+    # grow by about 32 rows every second (40 in, 8 out).
+    assert max(backlog) <= 5 * rate, backlog
