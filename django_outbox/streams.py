@@ -101,9 +101,9 @@ def start_kicked_claim(stream: str) -> bool:
 
     A kick within ``KICK_DEBOUNCE`` of the last recorded one costs one SELECT and changes
     nothing: the claims of that kick continue until one starts after it (see
-    :func:`continue_chain`). Otherwise one short transaction either starts a claim (none
-    in flight, not paused) or records the kick's time for the claims in flight. Returns
-    whether a claim was enqueued.
+    :func:`continue_chain`). Otherwise one short transaction locks the state row and
+    either starts a claim (none in flight, not paused) or records the kick's time for
+    the claims in flight. Returns whether a claim was enqueued.
     """
     config = get_stream(stream)
     alias = connection_for(StreamState).alias
@@ -119,12 +119,14 @@ def start_kicked_claim(stream: str) -> bool:
     if not current["due"]:
         return False
     with transaction.atomic(using=alias):
-        if not current["paused"] and current["claims_in_flight"] <= 0:
-            started = states.filter(due, paused=False, claims_in_flight__lte=0).update(
-                kicked_at=Now(), claims_in_flight=1, claims_touched_at=Now()
-            )
-            if started:
-                transport.enqueue(transport.CLAIM, [(stream,)], cluster=config.cluster)
-                return True
-        states.filter(due).update(kicked_at=Now())
+        # Decide under the row lock that continue_chain takes too: a claim that ends
+        # meanwhile either has given back its slot (then this kick starts a claim) or
+        # will see this kick's time (then it continues). Deciding on the unlocked read
+        # above could record a kick just after the last claim in flight had ended.
+        locked = states.select_for_update().values("paused", "claims_in_flight").get()
+        if not locked["paused"] and locked["claims_in_flight"] <= 0:
+            states.update(kicked_at=Now(), claims_in_flight=1, claims_touched_at=Now())
+            transport.enqueue(transport.CLAIM, [(stream,)], cluster=config.cluster)
+            return True
+        states.update(kicked_at=Now())
     return False

@@ -7,11 +7,12 @@ more, so a kick folded into an earlier one (``KICK_DEBOUNCE``) never strands its
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.test import override_settings
 
@@ -19,6 +20,7 @@ from django_outbox import kick, publish, publish_many, transport
 from django_outbox.db import database_now
 from django_outbox.models import OutboxEvent, StreamState
 from django_outbox.streams import KICK_DEBOUNCE, continue_chain, set_paused, start_kicked_claim
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,6 +141,47 @@ def test_a_claim_that_started_well_after_the_last_kick_ends_its_chain():
         assert continue_chain("audit", full=False, started_at=database_now()) is False
     assert claims(queue) == 0
     assert state().claims_in_flight == 0
+
+
+@pytest.mark.postgres
+@override_settings(**KICKED)
+def test_a_kick_racing_the_end_of_the_last_claim_in_flight_still_starts_a_claim(vendor):
+    """The kick reads the state row while the last claim in flight is ending (its slot
+    given back, not yet committed). Deciding on that read would only record the kick,
+    and nothing would claim the kicked rows; the kick must decide under the row lock."""
+    if vendor != "postgresql":
+        pytest.skip("PostgreSQL tier: row locks between two sessions")
+    publish("audit", {"n": 1})  # kicked: one claim in flight
+    age_last_kick(1)  # the next kick is due
+    ended = threading.Event()
+
+    def waiting_on_a_lock() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            return cursor.fetchone()[0] > 0
+
+    def last_claim_ends() -> None:
+        try:
+            with transaction.atomic():
+                assert continue_chain("audit", full=False) is False  # slot given back
+                ended.set()
+                wait_until(waiting_on_a_lock, timeout=30, describe=lambda: "no kick waiting")
+        finally:
+            connection.close()
+
+    claim = threading.Thread(target=last_claim_ends)
+    claim.start()
+    assert ended.wait(30)
+    with transport.capture() as queue:
+        started = start_kicked_claim("audit")  # blocks until the claim's commit
+    claim.join(30)
+
+    assert started is True
+    assert claims(queue) == 1
+    assert state().claims_in_flight == 1
 
 
 @override_settings(**KICKED)
