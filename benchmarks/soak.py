@@ -27,6 +27,7 @@ from django.db import connection  # noqa: E402
 
 from benchmarks.run import ROOT, STREAM, cluster, payload, reset  # noqa: E402
 from django_outbox import publish_many, transport, tune  # noqa: E402
+from django_outbox.db.tune import server_settings  # noqa: E402
 
 TABLE = "django_outbox_outboxevent"
 
@@ -99,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         cursor.execute(f"ALTER TABLE {TABLE} RESET ({names})")
         cursor.execute("SHOW autovacuum_naptime")
         naptime = cursor.fetchone()[0]
-        cursor.execute("SHOW autovacuum")
-        if cursor.fetchone()[0] != "on":
+        if server_settings(connection)["autovacuum"] != "on":
             print(
                 "autovacuum is off on this server: the soak measures autovacuum, so it needs "
                 "a server where it runs (python3 dev.py bench soak picks one).",

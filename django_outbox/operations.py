@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import router
 from django.db.migrations.operations.base import Operation
 
@@ -115,7 +116,7 @@ class PublishTrigger(Operation):
         for name in self.fields:
             try:
                 field = model._meta.get_field(name)
-            except Exception:
+            except FieldDoesNotExist:
                 raise ValueError(
                     f"PublishTrigger on {app_label}.{self.model_name}: no field {name!r}."
                 ) from None

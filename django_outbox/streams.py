@@ -109,14 +109,13 @@ def start_kicked_claim(stream: str) -> bool:
     alias = connection_for(StreamState).alias
     due = Q(kicked_at__isnull=True) | Q(kicked_at__lt=Now() - KICK_DEBOUNCE)
     states = StreamState.objects.using(alias).filter(stream=stream)
-    row = states.annotate(due=ExpressionWrapper(due, output_field=BooleanField())).values(
-        "due", "paused", "claims_in_flight"
-    )
-    current = row.first()
+    is_due = states.annotate(due=ExpressionWrapper(due, output_field=BooleanField()))
+    is_due = is_due.values_list("due", flat=True)
+    current = is_due.first()
     if current is None:  # the stream's very first kick
         runtime_state(stream)
-        current = row.first()
-    if not current["due"]:
+        current = is_due.first()
+    if not current:
         return False
     with transaction.atomic(using=alias):
         # Decide under the row lock that continue_chain takes too: a claim that ends

@@ -52,31 +52,35 @@ def _changed(spec: TriggerSpec, qn, distinct: str) -> str:
     return " OR ".join(f"OLD.{qn(c)} {distinct} NEW.{qn(c)}" for c in spec.columns)
 
 
+def _event(spec: TriggerSpec, qn, op: str) -> tuple[str, str]:
+    """The trigger's event clause for *op*, and the row its payload is built from."""
+    if op == "update":
+        return "UPDATE OF " + ", ".join(qn(c) for c in spec.columns), "NEW"
+    return op.upper(), "OLD" if op == "delete" else "NEW"
+
+
+def _vendor(connection: BaseDatabaseWrapper) -> str:
+    if connection.vendor not in ("postgresql", "sqlite"):
+        raise NotImplementedError(
+            f"publish triggers support PostgreSQL and SQLite, not {connection.vendor!r}."
+        )
+    return connection.vendor
+
+
 def create_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[str]:
     """Return the statements that install *spec*'s triggers on *connection*'s database."""
-    qn = connection.ops.quote_name
-    if connection.vendor == "postgresql":
-        return _postgres_create(spec, qn)
-    if connection.vendor == "sqlite":
-        return _sqlite_create(spec, qn)
-    raise NotImplementedError(
-        f"publish triggers support PostgreSQL and SQLite, not {connection.vendor!r}."
-    )
+    create = _postgres_create if _vendor(connection) == "postgresql" else _sqlite_create
+    return create(spec, connection.ops.quote_name)
 
 
 def drop_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[str]:
     """Return the statements that remove *spec*'s triggers (and function) again."""
     qn = connection.ops.quote_name
-    if connection.vendor == "postgresql":
-        return [
-            f"DROP TRIGGER IF EXISTS {qn(spec.trigger_name(op))} ON {qn(spec.table)}"
-            for op in spec.on
-        ] + [f"DROP FUNCTION IF EXISTS {qn(spec.base_name)}()"]
-    if connection.vendor == "sqlite":
+    if _vendor(connection) == "sqlite":
         return [f"DROP TRIGGER IF EXISTS {qn(spec.trigger_name(op))}" for op in spec.on]
-    raise NotImplementedError(
-        f"publish triggers support PostgreSQL and SQLite, not {connection.vendor!r}."
-    )
+    return [
+        f"DROP TRIGGER IF EXISTS {qn(spec.trigger_name(op))} ON {qn(spec.table)}" for op in spec.on
+    ] + [f"DROP FUNCTION IF EXISTS {qn(spec.base_name)}()"]
 
 
 def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
@@ -88,7 +92,7 @@ def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
     )
     branches = []
     for op in spec.on:
-        row = "OLD" if op == "delete" else "NEW"
+        _, row = _event(spec, qn, op)
         branches.append(
             f"IF TG_OP = {_literal(op.upper())} THEN\n"
             f"    {insert}jsonb_build_object({_payload_pairs(spec, qn, row, op)}));\n"
@@ -102,9 +106,7 @@ def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
     )
     statements = [function]
     for op in spec.on:
-        event = (
-            "UPDATE OF " + ", ".join(qn(c) for c in spec.columns) if op == "update" else op.upper()
-        )
+        event, _ = _event(spec, qn, op)
         when = f" WHEN ({_changed(spec, qn, 'IS DISTINCT FROM')})" if op == "update" else ""
         statements.append(
             f"CREATE TRIGGER {qn(spec.trigger_name(op))} AFTER {event} ON {qn(spec.table)} "
@@ -119,10 +121,7 @@ def _sqlite_create(spec: TriggerSpec, qn) -> list[str]:
     now = NOW_SQL.replace("%%", "%")
     statements = []
     for op in spec.on:
-        row = "OLD" if op == "delete" else "NEW"
-        event = (
-            "UPDATE OF " + ", ".join(qn(c) for c in spec.columns) if op == "update" else op.upper()
-        )
+        event, row = _event(spec, qn, op)
         when = f" WHEN {_changed(spec, qn, 'IS NOT')}" if op == "update" else ""
         statements.append(
             f"CREATE TRIGGER {qn(spec.trigger_name(op))} AFTER {event} ON {qn(spec.table)} "
