@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 from django.db import models
 
-from django_outbox.models import UniqueJob
+from django_outbox.models import BufferEvent, UniqueJob
 
 
 class Order(models.Model):
@@ -50,3 +50,11 @@ class TriggeredOrder(models.Model):
 
     def __str__(self) -> str:
         return f"triggered order {self.pk}"
+
+
+class OrderEvent(BufferEvent):
+    """A custom buffer with the stream's defaults: the latency benchmark writes one row per
+    order with ``OrderEvent.objects.create(...)``, as the documented custom-buffer path."""
+
+    order_ref = models.IntegerField()
+    amount = models.DecimalField(max_digits=10, decimal_places=2)

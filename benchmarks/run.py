@@ -41,14 +41,14 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django_q.models import OrmQ  # noqa: E402
 from django_q.tasks import async_task  # noqa: E402
 
-from benchmarks import floor  # noqa: E402
+from benchmarks import floor, latency  # noqa: E402
 from benchmarks import operations as ops  # noqa: E402
 from benchmarks.models import Marker, Order, TriggeredOrder  # noqa: E402
 from benchmarks.unique import measure_dispatch  # noqa: E402
 from django_outbox import publish, publish_many, transport  # noqa: E402
-from django_outbox.claim import claim_group  # noqa: E402
 from django_outbox.models import OutboxEvent, OutboxGroup  # noqa: E402
 from django_outbox.run import run_inline  # noqa: E402
+from django_outbox.runs import claim_group  # noqa: E402
 from django_outbox.staging import drain_until_empty, stage_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +64,7 @@ TABLES = [
     "benchmarks_order",
     "benchmarks_triggeredorder",
     "benchmarks_marker",
+    "benchmarks_orderevent",
 ]
 
 
@@ -141,14 +142,20 @@ def vacuum(*tables: str) -> None:
 
 
 @contextmanager
-def cluster() -> Iterator[None]:
-    """Run ``qcluster`` (2 workers, ORM broker) and wait until it takes jobs."""
+def cluster(*, scheduler: bool = False) -> Iterator[None]:
+    """Run ``qcluster`` (2 workers, ORM broker) and wait until it takes jobs.
+
+    With *scheduler* the cluster runs django-q2's schedules too, as in production."""
     log = ROOT / "artifacts" / "bench-qcluster.log"
     log.parent.mkdir(exist_ok=True)
     process = subprocess.Popen(
         [sys.executable, "-m", "django", "qcluster"],
         cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"},
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+            "BENCH_SCHEDULER": "1" if scheduler else "0",
+        },
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -197,10 +204,8 @@ class Result:
 
 def run_naive(events: int) -> Result:
     """A: one django-q2 task per event, enqueued the usual way (async_task)."""
-    reset()
-    publish_many(STREAM, (payload(i) for i in range(events)), batch_size=5000)
+    fill_buffer(events)  # raw SQL: no wake, no run of ours
     ids = list(OutboxEvent.objects.values_list("id", flat=True))
-    vacuum("django_outbox_outboxevent")
     with cluster():
         before = Counters.read()
         with transaction.atomic():
@@ -245,9 +250,7 @@ def run_outbox(events: int) -> tuple[Result, dict[str, float]]:
 
 def run_floor(events: int, workers: int = 2) -> Result:
     """C: the raw-SQL floor with psycopg, *workers* processes."""
-    reset()
-    publish_many(STREAM, (payload(i) for i in range(events)), batch_size=5000)
-    vacuum("django_outbox_outboxevent")
+    fill_buffer(events)  # raw SQL: no wake, no run of ours
     settings_dict = connection.settings_dict
     conninfo = {
         "dbname": settings_dict["NAME"],
@@ -356,45 +359,21 @@ def publish_overhead(transactions: int) -> dict[str, float]:
     }
 
 
-def kick_latency(commits: int, pace: float = 0.1) -> dict[str, Any]:
-    """Seconds from an event's commit to its archive row with ``KICK`` on.
-
-    One event per transaction every *pace* seconds into a running cluster, and no
-    distribute at all (the cluster's scheduler is off): only the kicks and the claims
-    they start move the rows. Without the kick an event waits for the next distribute,
-    up to the stream's ``EVERY_MINUTES``.
-    """
-    from django.conf import settings
-
-    from django_outbox.models import ArchivedEvent
-
+def latency_runs(seconds: float, idle_seconds: float, capacity: float) -> dict[str, Any]:
+    """Commit-to-archive latency with defaults (the ``orders`` stream, one qcluster, no
+    schedule): (a) 300 events/s, one per transaction; (b) 80 % of B's capacity in
+    commits of 100 rows; then an idle minute with the schedules on."""
     reset()
-    streams = dict(settings.DJANGO_OUTBOX["STREAMS"])
-    streams[STREAM] = {**streams[STREAM], "KICK": True}
-    kicked = {**settings.DJANGO_OUTBOX, "STREAMS": streams}
-    with override_settings(DJANGO_OUTBOX=kicked), cluster():
-        for i in range(commits):
-            with transaction.atomic():
-                publish(STREAM, payload(i))
-            time.sleep(pace)  # the inflow's pace
-        wait_until(
-            lambda: ArchivedEvent.objects.filter(stream=STREAM).count() >= commits,
-            timeout=120,
-            what="every kicked event archived",
-        )
-    latencies = sorted(
-        (archived_at - created_at).total_seconds()
-        for created_at, archived_at in ArchivedEvent.objects.filter(stream=STREAM).values_list(
-            "created_at", "archived_at"
-        )
-    )
-    return {
-        "commits": commits,
-        "pace_s": pace,
-        "median_s": round(statistics.median(latencies), 3),
-        "p95_s": round(latencies[int(len(latencies) * 0.95) - 1], 3),
-        "max_s": round(latencies[-1], 3),
-    }
+    with cluster():
+        trickle = latency.steady_latency(300, 1, seconds)
+    reset()
+    with cluster():
+        loaded = latency.steady_latency(0.8 * capacity, 100, seconds)
+    reset()
+    call_command("outbox_schedules", verbosity=0)
+    with cluster(scheduler=True):
+        idle = latency.idle_minute(idle_seconds)
+    return {"trickle_300_per_s": trickle, "load_80_percent_of_B": loaded, "idle": idle}
 
 
 def staged_forwarding(jobs: int) -> dict[str, float]:
@@ -497,14 +476,23 @@ def claim_latency(rows: int, samples: int = 9) -> float:
     return statistics.median(timings) * 1000
 
 
-def library_statements(events: int = 10_000) -> float:
-    """SQL statements the library itself runs per event (inline, no queue)."""
-    reset()
-    publish_many(STREAM, (payload(i) for i in range(events)), batch_size=5000)
+def library_statements(events: int = 10_000) -> dict[str, float]:
+    """SQL statements the library runs per event and per group, and django-q2 tasks per
+    group (inline, the jobs kept in memory), for a backlog of *events* rows."""
+    from django_outbox.models import ArchivedEvent
+
+    fill_buffer(events)
     with CaptureQueriesContext(connection) as captured:
-        run_inline([STREAM])
+        report = run_inline([STREAM])
     assert drained()
-    return len(captured.captured_queries) / events
+    groups = ArchivedEvent.objects.values("group_id").distinct().count()
+    return {
+        "events": events,
+        "groups": groups,
+        "statements_per_event": round(len(captured.captured_queries) / events, 4),
+        "statements_per_group": round(len(captured.captured_queries) / groups, 2),
+        "django_q2_tasks_per_group": round(sum(report.jobs.values()) / groups, 3),
+    }
 
 
 def buffer_health() -> dict[str, int]:
@@ -530,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staged-jobs", type=int, default=5_000)
     parser.add_argument("--unique-jobs", type=int, default=10_000)
     parser.add_argument("--archive-rows", type=int, default=1_000_000)
-    parser.add_argument("--kick-commits", type=int, default=100, help="commits timed with KICK on")
+    parser.add_argument("--latency-seconds", type=float, default=60.0, help="each latency run")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="the idle run")
     parser.add_argument("--json", type=Path, default=ROOT / "artifacts" / "bench.json")
     parser.add_argument("--repeat", type=int, default=5, help="paired runs of B and C (median)")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
@@ -538,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
         args.scale, args.repeat, args.staged_jobs = [10_000, 50_000], 1, 500
-        args.unique_jobs, args.archive_rows, args.kick_commits = 500, 20_000, 20
+        args.unique_jobs, args.archive_rows = 500, 20_000
+        args.latency_seconds, args.idle_seconds = 10.0, 10.0
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -562,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     small, large = (claim_latency(n) for n in args.scale)
     statements = library_statements(min(args.events, 10_000))
     forwarding = staged_forwarding(args.staged_jobs)
-    kick = kick_latency(args.kick_commits)
+    latencies = latency_runs(args.latency_seconds, args.idle_seconds, outbox.rate)
     unique_dispatch = measure_dispatch(args.unique_jobs)
     operations = measure_operations(args.archive_rows)
     with connection.cursor() as cursor:
@@ -599,8 +589,8 @@ def main(argv: list[str] | None = None) -> int:
             str(args.scale[1]): round(large, 3),
             "ratio": round(large / small, 3),
         },
-        "library_statements_per_event": round(statements, 4),
-        "kick_latency": kick,
+        "library_statements": statements,
+        "latency": latencies,
         "buffer_after_run": health,
         "staged_forwarding": forwarding,
         "unique_dispatch": unique_dispatch,
@@ -651,7 +641,12 @@ def print_table(report: dict[str, Any]) -> None:
         f"claim latency: {latency[keys[0]]} ms at {int(keys[0]):,} rows, {latency[keys[1]]} ms at "
         f"{int(keys[1]):,} rows, ratio {latency['ratio']} (target <= 1.5)"
     )
-    print(f"library statements per event (inline): {report['library_statements_per_event']}")
+    st = report["library_statements"]
+    print(
+        f"library statements (inline, {st['events']:,} events in {st['groups']} groups): "
+        f"{st['statements_per_event']} per event, {st['statements_per_group']} per group; "
+        f"django-q2 tasks per group {st['django_q2_tasks_per_group']}"
+    )
     f = report["staged_forwarding"]
     print(
         f"staged jobs ({f['jobs']:,}, one transaction each): "
@@ -660,12 +655,21 @@ def print_table(report: dict[str, Any]) -> None:
         f"stage_task then drain {f['stage_then_drain_per_s']:,}/s "
         f"(the drain alone {f['drain_forwarded_per_s']:,}/s)"
     )
-    k = report["kick_latency"]
-    print(
-        f"KICK: commit -> archived in {k['median_s']} s median, {k['p95_s']} s p95, "
-        f"{k['max_s']} s max ({k['commits']} commits, one every {k['pace_s']} s, "
-        "no distribute)"
-    )
+    for name, k in report["latency"].items():
+        if name == "idle":
+            print(
+                f"idle {k['seconds']:.0f} s with the schedules on: {k['scans_of_our_tables']} "
+                f"scans of our tables, {k['rows_written_to_our_tables']} rows written, "
+                f"{k['groups_claimed']} groups claimed"
+            )
+            continue
+        print(
+            f"latency {name}: {k['achieved_events_per_s']:,}/s achieved "
+            f"(target {k['target_events_per_s']:,}), {k['rows_per_commit']} rows/commit: "
+            f"p50 {k['p50_s']} s, p95 {k['p95_s']} s, p99 {k['p99_s']} s, max {k['max_s']} s; "
+            f"peak backlog {k['peak_backlog_rows']:,} rows = "
+            f"{k['peak_backlog_s_of_inflow']} s of inflow"
+        )
     u = report["unique_dispatch"]
     print(
         f"unique jobs: dispatch {u['dispatch_only']['jobs_per_s']:,} jobs/s "

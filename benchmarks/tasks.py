@@ -36,3 +36,12 @@ def handle_event(event_id: int) -> None:
 
 def ping(name: str) -> None:
     Marker.objects.create(name=name)
+
+
+def serialize_orders(batch: Batch) -> None:
+    """The ``orders`` stream's handler: one bulk request body for the group."""
+    rows = batch.rows("id", "order_ref", "amount")
+    body = json.dumps(
+        [{"ref": r["id"], "order": r["order_ref"], "amount": str(r["amount"])} for r in rows]
+    )
+    assert len(rows) and body

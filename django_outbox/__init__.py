@@ -24,6 +24,7 @@ __all__ = [
     "kick",
     "publish",
     "publish_many",
+    "wake",
 ]
 
 _LAZY = {
@@ -37,9 +38,10 @@ _LAZY = {
     "PermanentFailure": "django_outbox.exceptions",
     "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
-    "kick": "django_outbox.streams",
+    "kick": "django_outbox.runs",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
+    "wake": "django_outbox.runs",
 }
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from django_outbox.models import UniqueJob
     from django_outbox.process import Batch, BatchResult
     from django_outbox.publishing import publish, publish_many
+    from django_outbox.runs import kick, wake
 
 
 def __getattr__(name: str) -> Any:

@@ -40,9 +40,9 @@ from django_outbox.models import (
 )
 from django_outbox.process import exhaust_group
 from django_outbox.replay import replay_failed
+from django_outbox.runs import runtime_state, set_paused
 from django_outbox.staging import drain
 from django_outbox.status import all_statuses
-from django_outbox.streams import runtime_state, set_paused
 
 #: Changelist counts stop here: paging a table of millions costs the same as one of 10k.
 COUNT_CAP = 10_000
@@ -125,8 +125,7 @@ def register_stream_buffers(site: admin.AdminSite = admin.site) -> None:
     unless the project registered them itself."""
     from django_outbox.unique.options import all_kinds
 
-    for stream in outbox_settings().streams.values():
-        model = stream.model_class
+    for model in outbox_settings().buffer_models():
         if not site.is_registered(model):
             site.register(model, BufferEventAdmin)
     for kind in all_kinds():
@@ -288,14 +287,12 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
 class StreamStateAdmin(admin.ModelAdmin):
     """Runtime switches (operator-written): pause/resume, batch-size override."""
 
-    list_display = ("stream", "paused", "batch_size_override", "claims_in_flight", "updated_at")
+    list_display = ("stream", "paused", "batch_size_override", "wanted", "updated_at")
     list_editable = ("batch_size_override",)
     readonly_fields = (
         "stream",
         "paused",
-        "claims_in_flight",
-        "claims_touched_at",
-        "kicked_at",
+        "wanted",
         "updated_at",
     )
     fields = ("stream", "paused", "batch_size_override", *readonly_fields[2:])

@@ -12,7 +12,8 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.apps import apps
 
-        from django_outbox import checks, conf  # noqa: F401  (registers checks and signal handlers)
+        # Registers the checks, the settings-cache reset and the run loop's wake receivers.
+        from django_outbox import checks, conf, runs  # noqa: F401
         from django_outbox.unique import checks as unique_checks  # noqa: F401
 
         if apps.is_installed("django.contrib.admin"):

@@ -7,7 +7,6 @@ sections, W00x warnings.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.apps import apps
@@ -19,15 +18,15 @@ from django.utils.module_loading import import_string
 from django_outbox.conf import (
     GLOBAL_DEFAULTS,
     IDEMPOTENCY_DEFAULTS,
+    REMOVED_STREAM_OPTIONS,
     SETTING_NAME,
     STAGING_DEFAULTS,
     STREAM_DEFAULTS,
+    STREAM_NAME,
 )
 
-STREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 POSITIVE_INT_OPTIONS = (
     "BATCH_SIZE",
-    "MAX_BATCHES",
     "CHAINS",
     "EVERY_MINUTES",
     "MAX_ATTEMPTS",
@@ -35,7 +34,7 @@ POSITIVE_INT_OPTIONS = (
     "BACKOFF_MAX_SECONDS",
     "LEASE_SECONDS",
 )
-BOOL_OPTIONS = ("ARCHIVE", "TRANSACTIONAL", "KICK")
+BOOL_OPTIONS = ("ARCHIVE", "TRANSACTIONAL")
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -146,13 +145,21 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             )
         )
         return errors
-    unknown = sorted(set(options) - set(STREAM_DEFAULTS))
+    unknown = sorted(set(options) - set(STREAM_DEFAULTS) - set(REMOVED_STREAM_OPTIONS))
     if unknown:
         errors.append(
             Error(
                 f"{where} has unknown options: {', '.join(unknown)}.",
                 hint=f"Known options: {', '.join(sorted(STREAM_DEFAULTS))}.",
                 id="django_outbox.E006",
+            )
+        )
+    for option in sorted(set(options) & set(REMOVED_STREAM_OPTIONS)):
+        errors.append(
+            Warning(
+                f"{where}['{option}'] is no longer used: it is ignored.",
+                hint=REMOVED_STREAM_OPTIONS[option],
+                id="django_outbox.W003",
             )
         )
     errors.extend(_check_handler(where, options.get("HANDLER")))

@@ -8,6 +8,7 @@ validated here: the system checks in :mod:`django_outbox.checks` report bad ones
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +22,13 @@ from django_outbox.exceptions import UnknownStream
 
 SETTING_NAME = "DJANGO_OUTBOX"
 GENERIC_MODEL = "django_outbox.OutboxEvent"
+#: A stream's name: 1 to 64 lowercase letters, digits, "_" or "-" (no trailing newline).
+STREAM_NAME = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 
 STREAM_DEFAULTS: dict[str, Any] = {
     "HANDLER": None,
     "MODEL": GENERIC_MODEL,
     "BATCH_SIZE": 1000,
-    "MAX_BATCHES": 50,
     "CHAINS": 4,
     "EVERY_MINUTES": 1,
     "MAX_ATTEMPTS": 8,
@@ -35,11 +37,18 @@ STREAM_DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 300,
     "ARCHIVE": True,
     "TRANSACTIONAL": False,
-    "KICK": False,
     "CLUSTER": None,
     "ON_EXHAUSTED": None,
     "ARCHIVE_RETENTION_DAYS": None,
     "ARCHIVE_FAILED_RETENTION_DAYS": None,
+}
+
+#: Stream options of earlier versions that the run loop made unnecessary, with what to
+#: do instead (system check W003).
+REMOVED_STREAM_OPTIONS: dict[str, str] = {
+    "KICK": "Every commit wakes its stream now; remove KICK.",
+    "MAX_BATCHES": "Runs continue while rows wait, up to CHAINS per stream; remove "
+    "MAX_BATCHES (raise CHAINS for more parallel runs).",
 }
 
 STAGING_DEFAULTS: dict[str, Any] = {
@@ -74,7 +83,6 @@ class StreamConfig:
     handler: str | None
     model: str
     batch_size: int
-    max_batches: int
     chains: int
     every_minutes: int
     max_attempts: int
@@ -84,7 +92,6 @@ class StreamConfig:
     archive: bool
     transactional: bool
     cluster: str | None
-    kick: bool = False
     on_exhausted: str | None = None
     archive_retention_days: int | None = None
     archive_failed_retention_days: int | None = None
@@ -98,7 +105,6 @@ class StreamConfig:
             handler=merged["HANDLER"],
             model=merged["MODEL"],
             batch_size=merged["BATCH_SIZE"],
-            max_batches=merged["MAX_BATCHES"],
             chains=merged["CHAINS"],
             every_minutes=merged["EVERY_MINUTES"],
             max_attempts=merged["MAX_ATTEMPTS"],
@@ -107,7 +113,6 @@ class StreamConfig:
             lease_seconds=merged["LEASE_SECONDS"],
             archive=merged["ARCHIVE"],
             transactional=merged["TRANSACTIONAL"],
-            kick=merged["KICK"],
             cluster=merged["CLUSTER"],
             on_exhausted=merged["ON_EXHAUSTED"],
             archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
@@ -204,6 +209,35 @@ class OutboxSettings:
             return own or self.archive_failed_retention_days
         own = config.archive_retention_days if config else None
         return own or self.archive_retention_days
+
+    @functools.cached_property
+    def streams_by_model(self) -> dict[str, tuple[str, ...]]:
+        """The streams of each buffer model, by lower-case ``app_label.modelname``."""
+        found: dict[str, tuple[str, ...]] = {}
+        for name, config in self.streams.items():
+            if isinstance(config.model, str):
+                label = config.model.lower()
+                found[label] = (*found.get(label, ()), name)
+        return found
+
+    def buffer_models(self) -> list[type]:
+        """Return the buffer model of every stream whose ``MODEL`` is one.
+
+        A stream whose model is not installed (check E020) or is not a buffer model
+        (E021) is left out, not raised for: this runs while Django starts, before the
+        checks can report the stream with their hint.
+        """
+        from django_outbox.models import BufferEvent  # the app registry is ready here
+
+        models = []
+        for config in self.streams.values():
+            try:
+                model = config.model_class
+            except (LookupError, ValueError, TypeError, AttributeError):
+                continue
+            if isinstance(model, type) and issubclass(model, BufferEvent):
+                models.append(model)
+        return models
 
     def stream(self, name: str) -> StreamConfig:
         """Return the stream called *name* or raise :class:`UnknownStream`."""

@@ -1,8 +1,12 @@
-"""Distribute: estimate a stream's backlog, start claim chains, re-enqueue due groups."""
+"""Distribute: the safety net on each stream's schedule. It never sets the pace.
+
+It rescues groups whose lease expired (a worker died) or whose retry is due, and
+restarts runs for a backlog that no run is taking (a wake that was lost with its
+process). Work otherwise starts on commit (see :mod:`django_outbox.runs`).
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,9 +17,12 @@ from django.db.models.functions import Now
 from django_outbox import transport
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import buffer_ops, connection_for
-from django_outbox.models import GroupState, OutboxGroup, StreamState
+from django_outbox.models import GroupState, OutboxGroup
 from django_outbox.process import exhaust_group
-from django_outbox.streams import effective_batch_size, runtime_state
+from django_outbox.runs import effective_batch_size, runtime_state, start_backlog_runs
+
+#: At most this many due groups are rescued per stream and distribute.
+RESCUE_LIMIT = 500
 
 
 @dataclass(frozen=True)
@@ -24,17 +31,18 @@ class DistributeResult:
     paused: bool = False
     backlog: int = 0
     backlog_capped: bool = False
-    claims_enqueued: int = 0
+    runs_started: int = 0
     groups_enqueued: int = 0
     groups_exhausted: int = 0
 
 
 def distribute(stream: str) -> DistributeResult:
-    """Top the stream's claim jobs in flight up to what its backlog needs.
+    """Rescue the stream's due groups, then start runs for a backlog nobody takes.
 
-    The backlog is counted up to ``MAX_BATCHES * batch size`` rows, so the count costs
-    the same whatever the backlog. Groups that are due again (a retry whose backoff has
-    passed, or a lease that expired) are re-enqueued first. Paused streams are skipped.
+    Groups that are due again (a retry whose backoff has passed, or a lease that
+    expired) are re-enqueued first. The backlog is counted up to ``CHAINS`` batches,
+    so the count costs the same whatever the backlog; runs start for it up to
+    ``CHAINS`` in flight. Paused streams are skipped.
     """
     config = get_stream(stream)
     state = runtime_state(stream)
@@ -42,26 +50,15 @@ def distribute(stream: str) -> DistributeResult:
         return DistributeResult(stream, paused=True)
     requeued, exhausted = requeue_due_groups(config)
     batch_size = effective_batch_size(config, state)
-    cap = config.max_batches * batch_size
+    cap = config.chains * batch_size
     ops = buffer_ops(config.model_class)
     backlog = ops.count_unclaimed(cap, stream if config.is_generic else None)
-    needed = min(math.ceil(backlog / batch_size), config.max_batches)
-    with transaction.atomic(using=connection_for(StreamState).alias):
-        state = StreamState.objects.select_for_update().get(stream=stream)
-        in_flight = state.claims_in_flight
-        if _claims_look_lost(state, config):
-            in_flight = 0
-        top_up = max(0, needed - in_flight)
-        transport.enqueue(transport.CLAIM, [(stream,)] * top_up, cluster=config.cluster)
-        if top_up or in_flight != state.claims_in_flight:
-            StreamState.objects.filter(stream=stream).update(
-                claims_in_flight=in_flight + top_up, claims_touched_at=Now()
-            )
+    started = start_backlog_runs(stream, backlog, batch_size)
     return DistributeResult(
         stream,
         backlog=backlog,
         backlog_capped=backlog >= cap,
-        claims_enqueued=top_up,
+        runs_started=started,
         groups_enqueued=requeued,
         groups_exhausted=exhausted,
     )
@@ -70,20 +67,6 @@ def distribute(stream: str) -> DistributeResult:
 def distribute_all() -> list[DistributeResult]:
     """Distribute every configured stream."""
     return [distribute(name) for name in outbox_settings().streams]
-
-
-def _claims_look_lost(state: StreamState, config: StreamConfig) -> bool:
-    """Whether the counted claim jobs have shown no sign of life for a whole lease.
-
-    A claim job can vanish (a killed cluster, a non-transactional broker); without
-    this the counter would stay up and distribute would never start a chain again.
-    """
-    if state.claims_in_flight <= 0 or state.claims_touched_at is None:
-        return False
-    return StreamState.objects.filter(
-        pk=state.pk,
-        claims_touched_at__lt=Now() - timedelta(seconds=config.lease_seconds),
-    ).exists()
 
 
 def requeue_due_groups(config: StreamConfig) -> tuple[int, int]:
@@ -103,7 +86,7 @@ def requeue_due_groups(config: StreamConfig) -> tuple[int, int]:
         groups = list(
             OutboxGroup.objects.select_for_update(skip_locked=True)
             .filter(due, stream=config.name)
-            .values("id", "state", "attempt")[: config.max_batches]
+            .values("id", "state", "attempt")[:RESCUE_LIMIT]
         )
         spent = [
             g
@@ -125,6 +108,6 @@ def requeue_due_groups(config: StreamConfig) -> tuple[int, int]:
             )
             requeued = [str(group_id) for group_id in again]
             transport.enqueue(
-                transport.PROCESS, [(config.name, gid) for gid in requeued], cluster=config.cluster
+                transport.RUN, [(config.name, gid) for gid in requeued], cluster=config.cluster
             )
     return len(requeued), exhausted

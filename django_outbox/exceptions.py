@@ -73,3 +73,7 @@ class IdempotencyError(OutboxError, TypeError):
 
 class NotInTransaction(OutboxError, RuntimeError):
     """A helper that must run inside (or outside) a transaction was called otherwise."""
+
+
+class DurationError(OutboxError, ValueError):
+    """A duration (a ``ttl``, a delay) that is negative, not a finite number, or too long."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,7 +42,9 @@ from django.db import router, transaction
 
 from django_outbox.conf import outbox_settings
 from django_outbox.db import keys as sql
+from django_outbox.durations import validate_duration
 from django_outbox.exceptions import IdempotencyError
+from django_outbox.jsondata import dumps
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 255
@@ -77,7 +78,7 @@ class idempotent:
             raise IdempotencyError(f"key must be a string or a callable, not {key!r}.")
         self.key = key
         self.scope = scope
-        self.ttl = ttl
+        self.ttl = None if ttl is None else validate_duration("idempotent(ttl=...)", ttl)
         self.using = using
         self.store_result = store_result
         self._stack: list[tuple[Guard, Any]] = []
@@ -185,7 +186,7 @@ def _check(guard: Guard) -> None:
 
 def _check_json(guard: Guard, result: Any) -> None:
     try:
-        json.dumps(result, allow_nan=False)
+        dumps(result)
     except (TypeError, ValueError) as exc:
         raise IdempotencyError(
             f"The result under key {guard.scope}:{guard.key} is not JSON ({exc}); the work was "

@@ -129,12 +129,21 @@ def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
 
 
 def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
-    """Run one attempt of a group: lease, handler, then finalize or record the failure."""
+    """Run one attempt of a queued group: lease, handler, then finalize or record the failure."""
     config = get_stream(stream)
     group_id = uuid.UUID(str(group_id))
     attempt = take_lease(config, group_id)
     if attempt is None:
         return ProcessOutcome.SKIPPED
+    return run_attempt(config, group_id, attempt)
+
+
+def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome:
+    """Run attempt *attempt* of a group whose lease this worker holds: handler, finalize.
+
+    The run loop calls it directly for a group it claimed already running (attempt 1);
+    :func:`process_group` calls it after taking the lease of a queued group.
+    """
     batch = Batch(config, group_id, attempt)
     try:
         if config.transactional:

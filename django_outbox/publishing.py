@@ -8,15 +8,19 @@ sent for ``OutboxEvent``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
+
+from django.db.models import JSONField, Value
 
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.exceptions import PayloadError, WrongBufferModel
+from django_outbox.jsondata import MAX_DEPTH, dumps
 from django_outbox.models import OutboxEvent
-from django_outbox.streams import kick
+from django_outbox.runs import wake
+
+JSON_NULL = Value(None, output_field=JSONField())
 
 
 def _check(stream: str) -> StreamConfig:
@@ -31,11 +35,12 @@ def _check(stream: str) -> StreamConfig:
 
 def _dumps(stream: str, payload: Any) -> str:
     try:
-        return json.dumps(payload, allow_nan=False)
+        return dumps(payload)
     except (TypeError, ValueError) as exc:
         raise PayloadError(
-            f"The payload for stream {stream!r} is not JSON: {exc}. Pass dicts, lists, "
-            "strings, numbers, booleans and None only (no NaN or infinity)."
+            f"The payload for stream {stream!r} is not JSON that can be stored: {exc}. Pass "
+            "dicts, lists, strings, numbers, booleans and None only (no NaN or infinity, "
+            f"no NUL characters), nested at most {MAX_DEPTH} levels."
         ) from exc
 
 
@@ -43,24 +48,26 @@ def publish(stream: str, payload: Any) -> int:
     """Insert one event for *stream* and return its id.
 
     The event becomes visible to workers when the surrounding transaction commits, and
-    disappears with it if it rolls back. With the stream's ``KICK`` on, the commit also
-    starts a claim (see :func:`django_outbox.streams.kick`).
+    disappears with it if it rolls back. The commit wakes the stream's run loop (see
+    :func:`django_outbox.runs.wake`).
     """
-    config = _check(stream)
+    _check(stream)
     event_id = buffer_ops(OutboxEvent).insert_event(stream, _dumps(stream, payload))
-    if config.kick:
-        kick(stream, using=connection_for(OutboxEvent).alias)
+    wake(stream, using=connection_for(OutboxEvent).alias)
     return event_id
 
 
 def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000) -> int:
-    """Insert many events for *stream* in bulk; return how many were inserted."""
-    config = _check(stream)
+    """Insert many events for *stream* in bulk; return how many were inserted.
+
+    The commit wakes the stream's run loop, as ``bulk_create()`` of any buffer does.
+    """
+    _check(stream)
     events = []
     for payload in payloads:
         _dumps(stream, payload)
-        events.append(OutboxEvent(stream=stream, payload=payload))
+        # None alone would be written as SQL NULL; publish() stores it as JSON null too.
+        value = JSON_NULL if payload is None else payload
+        events.append(OutboxEvent(stream=stream, payload=value))
     OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
-    if config.kick and events:
-        kick(stream, using=connection_for(OutboxEvent).alias)
     return len(events)

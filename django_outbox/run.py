@@ -20,9 +20,10 @@ from django_outbox.status import StreamStatus, stream_status
 @dataclass
 class RunReport:
     rounds: int = 0
+    #: Run jobs executed, by django-q2 task name.
     jobs: Counter = field(default_factory=Counter)
+    #: Group attempts by outcome (done, partial, retrying, exhausted…).
     outcomes: Counter = field(default_factory=Counter)
-    rows_claimed: int = 0
     stopped_because: str = ""
 
 
@@ -33,12 +34,13 @@ def run_inline(
     max_wait_seconds: float = 300.0,
     on_round: Callable[[RunReport, list[StreamStatus]], None] | None = None,
 ) -> RunReport:
-    """Distribute, claim and process the streams here, without a django-q2 cluster.
+    """Distribute and run the streams here, without a django-q2 cluster.
 
-    One round distributes every stream and runs the jobs that result (and the jobs
-    those enqueue) to the end. With *until_empty*, rounds repeat until no stream has
-    unclaimed rows or groups in flight, waiting for retries whose backoff has not
-    passed yet, for at most *max_wait_seconds* in all.
+    One round distributes every stream and runs, here, the run jobs that result, the
+    jobs those enqueue, and a run for each group queued for a cluster, to the end.
+    With *until_empty*, rounds repeat until no stream has unclaimed rows or groups in
+    flight, waiting for retries whose backoff has not passed yet, for at most
+    *max_wait_seconds* in all.
     """
     names = streams or list(outbox_settings().streams)
     for name in names:
@@ -48,16 +50,15 @@ def run_inline(
     with transport.capture() as queue:
         while True:
             report.rounds += 1
+            queue.extend(job for name in names for job in _queued_groups(name))
             for name in names:
                 distribute(name)
             while queue:
                 job = queue.popleft()
                 result = job.run()
                 report.jobs[job.func.rsplit(".", 1)[-1]] += 1
-                if job.func == transport.PROCESS:
-                    report.outcomes[result] += 1
-                elif job.func == transport.CLAIM:
-                    report.rows_claimed += result
+                if job.func == transport.RUN:
+                    report.outcomes.update(result)
             statuses = [stream_status(name) for name in names]
             if on_round:
                 on_round(report, statuses)
@@ -77,6 +78,17 @@ def run_inline(
                 return report
             time.sleep(delay)
             waited += delay
+
+
+def _queued_groups(stream: str, limit: int = 500) -> list[transport.Job]:
+    """Run jobs for the stream's queued groups: their own jobs may wait for a cluster.
+
+    Whichever job takes a group's lease first runs it; the other finds it taken and
+    does nothing.
+    """
+    queued = OutboxGroup.objects.filter(stream=stream, state=GroupState.CLAIMED)
+    ids = queued.order_by("created_at").values_list("id", flat=True)[:limit]
+    return [transport.Job(transport.RUN, (stream, str(group_id))) for group_id in ids]
 
 
 def _in_flight(status: StreamStatus) -> int:

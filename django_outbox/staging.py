@@ -21,7 +21,6 @@ drainer (schedule or ``manage.py outbox_drain``) remains the guarantee.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -39,6 +38,7 @@ from django_outbox.conf import outbox_settings
 from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
+from django_outbox.jsondata import dumps
 from django_outbox.signals import staged_jobs_forwarded
 
 logger = logging.getLogger("django_outbox")
@@ -86,7 +86,7 @@ def task_path(func: str | Callable[..., Any]) -> str:
 
 def _dumps(what: str, value: Any) -> str:
     try:
-        return json.dumps(value, allow_nan=False)
+        return dumps(value)
     except (TypeError, ValueError) as exc:
         raise StagingError(
             f"The {what} of a staged job must be JSON: {exc}. Pass ids, strings, numbers, "

@@ -10,8 +10,9 @@ from django.db.models import Count
 
 from django_outbox.conf import get_stream, outbox_settings
 from django_outbox.db import buffer_ops, connection_for, database_now
+from django_outbox.db.runs import runs_in_flight
 from django_outbox.models import ArchivedEvent, GroupState, OutboxGroup, Outcome, StreamState
-from django_outbox.streams import effective_batch_size
+from django_outbox.runs import effective_batch_size
 
 #: Counts stop here, so a status query never scans a huge table.
 COUNT_CAP = 1_000_000
@@ -31,7 +32,7 @@ class StreamStatus:
     groups_retrying: int
     archived_last_hour: int
     failed_last_hour: int
-    claims_in_flight: int
+    runs_in_flight: int
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -72,7 +73,7 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         groups_retrying=groups.get(GroupState.RETRYING, 0),
         archived_last_hour=recent.filter(outcome=Outcome.DONE)[:cap].count(),
         failed_last_hour=recent.filter(outcome=Outcome.FAILED)[:cap].count(),
-        claims_in_flight=state.claims_in_flight if state else 0,
+        runs_in_flight=runs_in_flight(stream),
     )
 
 

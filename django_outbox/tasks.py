@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_outbox.claim import run_claim_chain_link
 from django_outbox.distribute import distribute as distribute_stream
 from django_outbox.distribute import distribute_all
-from django_outbox.process import process_group
+from django_outbox.runs import run as run_stream
 
 
 def distribute(stream: str | None = None) -> list[dict[str, Any]]:
@@ -20,14 +19,19 @@ def distribute(stream: str | None = None) -> list[dict[str, Any]]:
     return [vars(result) for result in results]
 
 
-def claim(stream: str) -> int:
-    """Claim one group of *stream* and continue the chain if the batch was full."""
-    return run_claim_chain_link(stream).size
+def run(stream: str, group_id: str | None = None) -> list[str]:
+    """Run *stream*'s loop from *group_id*; return the outcome of each group processed."""
+    return [outcome.value for outcome in run_stream(stream, group_id)]
 
 
-def process(stream: str, group_id: str) -> str:
-    """Process one group of *stream*."""
-    return process_group(stream, group_id).value
+def claim(stream: str) -> list[str]:
+    """Run *stream*'s loop (a claim job enqueued by an earlier version)."""
+    return run(stream)
+
+
+def process(stream: str, group_id: str) -> list[str]:
+    """Run *stream*'s loop from *group_id* (a process job enqueued by an earlier version)."""
+    return run(stream, group_id)
 
 
 def drain_staged() -> dict[str, Any]:

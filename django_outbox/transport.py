@@ -2,7 +2,7 @@
 
 Jobs are named by dotted path with JSON-safe arguments. With django-q2's ORM broker on
 the same database as our tables, the jobs are inserted inside the caller's transaction,
-so a claim and its process job commit together (exactly-once hand-off). With any other
+so a claimed group and its run job commit together (exactly-once hand-off). With any other
 broker the pipeline's jobs are sent after the transaction commits (a job that is lost
 there is rescued from our tables), while staged jobs are sent *before* it commits
 (``send_now``): a crash in between sends them again, never loses them.
@@ -24,8 +24,7 @@ from django.db import router, transaction
 from django.utils import timezone
 
 DISTRIBUTE = "django_outbox.tasks.distribute"
-CLAIM = "django_outbox.tasks.claim"
-PROCESS = "django_outbox.tasks.process"
+RUN = "django_outbox.tasks.run"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -61,6 +62,39 @@ def handler_mode():
     return set_mode
 
 
+def publish_unwoken(stream: str, payloads: list[object]) -> list[int]:
+    """Write generic buffer rows the way a trigger or raw SQL would: nothing wakes the
+    stream, so the rows wait for distribute (the schedule's safety net) or a wake."""
+    import json
+
+    from django_outbox.db import buffer_ops
+    from django_outbox.models import OutboxEvent
+
+    ops = buffer_ops(OutboxEvent)
+    return [ops.insert_event(stream, json.dumps(payload)) for payload in payloads]
+
+
+@contextlib.contextmanager
+def unwoken() -> Iterator[None]:
+    """Write buffer rows through the ORM as raw SQL or a trigger would: no wake on commit."""
+    from django.db.models.signals import post_save
+
+    from django_outbox import runs
+    from django_outbox.models.buffer import rows_bulk_created
+
+    hooks = [
+        (post_save, runs._wake_on_save, "django_outbox.runs.wake_on_save"),
+        (rows_bulk_created, runs._wake_on_bulk_create, "django_outbox.runs.wake_on_bulk_create"),
+    ]
+    for signal, _, uid in hooks:
+        signal.disconnect(dispatch_uid=uid)
+    try:
+        yield
+    finally:
+        for signal, func, uid in hooks:
+            signal.connect(func, dispatch_uid=uid)
+
+
 class InlineRunner:
     """Run the pipeline in this process: jobs go to a deque instead of django-q2."""
 
@@ -80,6 +114,13 @@ class InlineRunner:
                 ran.append(job)
         self.ran.extend(ran)
         return ran
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Keep the jobs enqueued inside (a wake's run, say) for :meth:`drain`."""
+        with transport.capture() as queue:
+            yield
+        self.jobs.extend(queue)
 
     def enqueue(self, func: str, *args: object) -> None:
         self.jobs.append(transport.Job(func, args))

@@ -240,7 +240,7 @@ def claim_until_empty(stream: str, start_file: str, wait_seconds: float = 300) -
     from django.db import connection
 
     from django_outbox import transport
-    from django_outbox.claim import claim_group
+    from django_outbox.runs import claim_group
 
     connection.ensure_connection()  # connect before the start, not during the race
     print("ready", flush=True)

@@ -27,7 +27,7 @@ from django_outbox.models import (
     StreamState,
 )
 from django_outbox.staging import stage_task
-from tests.conftest import InlineRunner
+from tests.conftest import InlineRunner, publish_unwoken
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,7 +51,7 @@ def outbox_models() -> list[type]:
 @pytest.fixture
 def data(handler_mode):
     """A bit of everything: buffer rows, a retrying group, dead letters, staged jobs, keys."""
-    publish_many("audit", [{"n": n, "fail": n < 3} for n in range(12)])
+    publish_unwoken("audit", [{"n": n, "fail": n < 3} for n in range(12)])
     runner = InlineRunner()
     handler_mode("fail-marked")
     runner.distribute("audit")  # batch 10: 7 done, 3 retrying, 2 done in a second group
@@ -150,12 +150,15 @@ def test_pause_and_resume_from_the_admin_are_obeyed_by_the_pipeline(admin_client
     act(admin_client, "streamstate", "pause", ["audit"])
     assert StreamState.objects.get(stream="audit").paused
 
-    publish_many("audit", [{"n": 1}])
-    InlineRunner().distribute("audit")
+    runner = InlineRunner()
+    with runner.capturing():
+        publish_many("audit", [{"n": 1}])  # its commit finds the stream paused
+    runner.distribute("audit")
     assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 1  # not claimed
 
-    act(admin_client, "streamstate", "resume", ["audit"])
-    InlineRunner().distribute("audit")
+    with runner.capturing():
+        act(admin_client, "streamstate", "resume", ["audit"])  # resuming wakes the stream
+    runner.drain()
     assert OutboxEvent.objects.count() == 0
 
 
@@ -220,8 +223,10 @@ def test_a_batch_size_override_is_editable_and_obeyed(admin_client):
         {"batch_size_override": "3"},
     )
     assert response.status_code == 302
-    publish_many("audit", [{"n": n} for n in range(7)])
-    InlineRunner().distribute("audit")
+    runner = InlineRunner()
+    with runner.capturing():
+        publish_many("audit", [{"n": n} for n in range(7)])
+    runner.drain()
     assert ArchivedEvent.objects.values("group_id").distinct().count() == 3
 
 

@@ -7,6 +7,7 @@ from unittest import mock
 
 import pytest
 from django.conf import settings
+from django.contrib.admin import AdminSite
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
@@ -14,7 +15,10 @@ from django.db import connection
 from django.db.utils import ConnectionHandler
 from django.test import override_settings
 
+from django_outbox.admin import register_stream_buffers
 from django_outbox.checks import check_django_q, check_sqlite_transactions
+from django_outbox.conf import get_stream
+from marketing.models import ContactActivityEvent
 from tests.testapp.handlers import record
 
 HANDLER = "tests.testapp.handlers.record"
@@ -24,7 +28,7 @@ TEST_Q_CLUSTER = settings.Q_CLUSTER
 KNOWN_OPTIONS = (
     "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
     "BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, EVERY_MINUTES, HANDLER, "
-    "KICK, LEASE_SECONDS, MAX_ATTEMPTS, MAX_BATCHES, MODEL, ON_EXHAUSTED, TRANSACTIONAL."
+    "LEASE_SECONDS, MAX_ATTEMPTS, MODEL, ON_EXHAUSTED, TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -133,6 +137,8 @@ def test_streams_not_a_dict_is_e003():
         ("-audit", "'-audit'"),
         ("a" * 65, repr("a" * 65)),
         (7, "7"),
+        ("audit\n", "'audit\\n'"),
+        ("\naudit", "'\\naudit'"),
     ],
 )
 def test_invalid_stream_name_is_e004(name, shown):
@@ -229,6 +235,29 @@ def test_model_that_is_not_installed_is_e020(label):
         ]
 
 
+@pytest.mark.parametrize(
+    ("label", "check_id"),
+    [("nope.Missing", "E020"), ("not a label", "E020"), ("auth.User", "E021")],
+)
+def test_a_stream_whose_model_is_not_a_buffer_model_lets_django_start_and_check_report_it(
+    label, check_id
+):
+    streams = {**settings.DJANGO_OUTBOX["STREAMS"], "ghost": {"HANDLER": HANDLER, "MODEL": label}}
+    site = AdminSite()
+    with override_settings(DJANGO_OUTBOX={**settings.DJANGO_OUTBOX, "STREAMS": streams}):
+        register_stream_buffers(site)  # what the app's ready() runs at startup
+        with pytest.raises(SystemCheckError) as error:
+            call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+
+    assert site.is_registered(ContactActivityEvent), "the other streams' buffers are registered"
+    report = str(error.value)
+    assert f"(django_outbox.{check_id}) DJANGO_OUTBOX['STREAMS']['ghost']['MODEL'] {label!r}" in (
+        report
+    )
+    assert "HINT:" in report and "BufferEvent" in report
+    assert "System check identified 1 issue" in report
+
+
 @pytest.mark.parametrize("label", ["auth.User", "marketing.ContactActivity"])
 def test_model_that_is_not_a_buffer_model_is_e021(label):
     with override_settings(DJANGO_OUTBOX=one_stream(MODEL=label)):
@@ -278,7 +307,7 @@ def test_batch_size_that_is_not_a_positive_integer_is_e030(value):
 @pytest.mark.parametrize(
     ("option", "default"),
     [
-        ("MAX_BATCHES", 50),
+        ("CHAINS", 4),
         ("EVERY_MINUTES", 1),
         ("MAX_ATTEMPTS", 8),
         ("BACKOFF_SECONDS", 10),
@@ -303,7 +332,6 @@ def test_every_count_option_must_be_a_positive_integer_e030(option, default):
         ("ARCHIVE", "yes", True),
         ("ARCHIVE", 1, True),
         ("TRANSACTIONAL", "false", False),
-        ("KICK", "on", False),
     ],
 )
 def test_flag_that_is_not_a_bool_is_e031(option, value, default):
@@ -315,6 +343,30 @@ def test_flag_that_is_not_a_bool_is_e031(option, value, default):
                 f"Remove it to use the default ({default}).",
             )
         ]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "hint"),
+    [
+        ("KICK", True, "Every commit wakes its stream now; remove KICK."),
+        (
+            "MAX_BATCHES",
+            50,
+            "Runs continue while rows wait, up to CHAINS per stream; remove MAX_BATCHES "
+            "(raise CHAINS for more parallel runs).",
+        ),
+    ],
+)
+def test_an_option_of_an_earlier_version_is_w003_and_ignored(option, value, hint):
+    with override_settings(DJANGO_OUTBOX=one_stream(**{option: value})):
+        assert outbox_messages() == [
+            (
+                "django_outbox.W003",
+                f"{WHERE}['{option}'] is no longer used: it is ignored.",
+                hint,
+            )
+        ]
+        assert get_stream("audit").chains == 4
 
 
 @pytest.mark.parametrize("value", [5, "", ["fast"]])

@@ -2,8 +2,8 @@
 
 The cluster is a subprocess on the test database with the settings as they are in
 tests/settings.py (``override_settings`` does not reach a child). No django-q2 schedule
-exists in the test database, so the only distribute is the one a test makes: everything
-after it (claims, their successors, process jobs) is the cluster's own work.
+exists in the test database, so no distribute runs unless a test makes one: the commit
+that wrote the rows starts a run, and everything after it is the cluster's own work.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from collections import Counter
 
 import pytest
+from django.db import transaction
 from django.db.models import Count
 from django.db.models.functions import Now
 from django_q.models import OrmQ, Schedule
@@ -20,7 +21,6 @@ from django_q.tasks import async_task
 
 from django_outbox import publish_many, transport
 from django_outbox.conf import get_stream
-from django_outbox.distribute import distribute
 from django_outbox.models import (
     ArchivedEvent,
     GroupState,
@@ -46,7 +46,7 @@ DEADLINE = 120  # seconds; a drain normally takes 2-20 (SQLite/PostgreSQL, idle/
 
 def pipeline_state(stream: str, buffer_model) -> dict[str, object]:
     """What the database says about *stream* right now (for waits and their failures)."""
-    state = StreamState.objects.filter(stream=stream).values("claims_in_flight").first()
+    state = StreamState.objects.filter(stream=stream).values("wanted", "paused").first()
     return {
         "unclaimed": buffer_model.objects.filter(group_id__isnull=True).count(),
         "buffer": buffer_model.objects.count(),
@@ -58,30 +58,18 @@ def pipeline_state(stream: str, buffer_model) -> dict[str, object]:
         ),
         "archived": ArchivedEvent.objects.filter(stream=stream).count(),
         "queued_jobs": dict(queued_funcs()),
-        "claims_in_flight": state and state["claims_in_flight"],
+        "state": state,
         "queue_failures": len(queue_failures()),
     }
 
 
 def drained(stream: str, buffer_model) -> bool:
-    """Buffer empty, no group left, no job queued or running, no claim counted in flight."""
+    """Buffer empty, no group left, no job queued or running."""
     return (
         not buffer_model.objects.exists()
         and not OutboxGroup.objects.filter(stream=stream).exists()
         and not OrmQ.objects.exists()
-        and StreamState.objects.filter(stream=stream, claims_in_flight=0).exists()
     )
-
-
-class Distributor:
-    """Calls distribute and counts the calls (the test asserts it called it once)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, stream: str):
-        self.calls += 1
-        return distribute(stream)
 
 
 def queued_funcs() -> Counter:
@@ -109,23 +97,27 @@ def assert_archived_once_done(stream: str, published: set[int]) -> list[tuple]:
     return archived
 
 
-def test_one_distribute_drains_a_generic_backlog_through_claim_chains(tmp_path):
-    """2,000 events of ``audit`` (BATCH_SIZE 10): 200 groups, but one distribute only
-    starts MAX_BATCHES (50) claims; the claim chains take the other 150 groups."""
-    events, config = 2_000, get_stream("audit")
-    groups_expected = math.ceil(events / config.batch_size)
-    assert groups_expected > config.max_batches, "the backlog must outgrow one distribute"
+def assert_groups_of_one_batch(archived: list[tuple], batch_size: int, chains: int) -> Counter:
+    """Full groups, but for at most one short group per run at the backlog's tail (where
+    concurrent claims may interleave)."""
+    group_sizes = Counter(group_id for _, _, group_id, _ in archived)
+    short = [size for size in group_sizes.values() if size < batch_size]
+    assert max(group_sizes.values()) == batch_size
+    assert len(short) <= chains, f"group sizes: {Counter(group_sizes.values())}"
+    return group_sizes
 
-    publish_many("audit", ({"n": n} for n in range(events)))
-    published = set(OutboxEvent.objects.filter(stream="audit").values_list("id", flat=True))
-    assert len(published) == events
+
+def test_one_commit_drains_a_generic_backlog_through_the_run_loop(tmp_path):
+    """2,000 events of ``audit`` (BATCH_SIZE 10) in one commit: the commit starts one run,
+    whose full claims start more (up to CHAINS); no distribute runs at all."""
+    events, config = 2_000, get_stream("audit")
     assert not Schedule.objects.exists(), "a schedule would distribute behind our back"
 
-    distributor = Distributor()
-    result = distributor("audit")
-    assert result.claims_enqueued == config.max_batches
-    assert queued_funcs() == {transport.CLAIM: config.max_batches}
+    publish_many("audit", ({"n": n} for n in range(events)))  # one transaction, one wake
 
+    published = set(OutboxEvent.objects.values_list("id", flat=True))
+    assert len(published) == events
+    assert queued_funcs() == {transport.RUN: 1}, "the commit hands one run to the queue"
     started = time.monotonic()
     with qcluster(log=tmp_path / "qcluster.log") as cluster:
         wait_until(
@@ -136,21 +128,13 @@ def test_one_distribute_drains_a_generic_backlog_through_claim_chains(tmp_path):
             check=fail_on_queue_failures,
         )
         seconds = time.monotonic() - started
-    print(f"\nqcluster drained {events:,} audit events in {groups_expected} groups: {seconds:.1f}s")
+    print(f"\nqcluster drained {events:,} audit events from one commit: {seconds:.1f}s")
 
-    assert distributor.calls == 1
     assert queue_failures() == []
     assert log_problems(cluster) == []
     archived = assert_archived_once_done("audit", published)
     assert {attempts for *_, attempts in archived} == {1}
-    # Exactly 200 full groups: only distribute's claims run concurrently and they never
-    # reach the tail of the backlog, where concurrent claims could split a batch.
-    group_sizes = Counter(group_id for _, _, group_id, _ in archived)
-    assert len(group_sizes) == groups_expected, f"group sizes: {Counter(group_sizes.values())}"
-    assert set(group_sizes.values()) == {config.batch_size}
-    # A claim job makes at most one group, and distribute enqueued 50 claims: the other
-    # 150 groups were claimed by chain successors, with no further distribute.
-
+    group_sizes = assert_groups_of_one_batch(archived, config.batch_size, config.chains)
     # One handler call per group, never one per event; each saw exactly its group.
     calls = list(HandledCall.objects.values_list("group_id", "attempt", "event_ids"))
     assert len(calls) == len(group_sizes)
@@ -161,27 +145,26 @@ def test_one_distribute_drains_a_generic_backlog_through_claim_chains(tmp_path):
     assert {attempt for _, attempt, _ in calls} == {1}
 
 
-def test_one_distribute_drains_a_custom_buffer_in_bulk_requests(tmp_path):
-    """6,000 marketing activities (BATCH_SIZE 100): 60 bulk API requests, not 6,000."""
+def test_bulk_create_of_a_custom_buffer_drains_in_bulk_requests(tmp_path):
+    """6,000 marketing activities (BATCH_SIZE 100) written with ``bulk_create``: their
+    commits wake the stream, and the API gets about 60 bulk requests, not 6,000."""
     events, config = 6_000, get_stream("marketing")
     groups_expected = math.ceil(events / config.batch_size)
-    assert groups_expected > config.max_batches, "the backlog must outgrow one distribute"
+    assert not Schedule.objects.exists()
 
     lead = Lead.objects.create(name="Ada", email="ada@example.com")
     activities = ContactActivity.objects.bulk_create(
         (ContactActivity(lead=lead, kind="call", comment=f"#{n}") for n in range(events)),
         batch_size=2_000,
     )
-    ContactActivityEvent.objects.bulk_create(
-        (ContactActivityEvent(activity=activity) for activity in activities), batch_size=2_000
-    )
+    with transaction.atomic():
+        ContactActivityEvent.objects.bulk_create(
+            (ContactActivityEvent(activity=activity) for activity in activities),
+            batch_size=2_000,
+        )
     published = set(ContactActivityEvent.objects.values_list("id", flat=True))
     assert len(published) == events
-    assert not Schedule.objects.exists()
-
-    distributor = Distributor()
-    result = distributor("marketing")
-    assert result.claims_enqueued == config.max_batches
+    assert queued_funcs() == {transport.RUN: 1}
 
     started = time.monotonic()
     with qcluster(log=tmp_path / "qcluster.log") as cluster:
@@ -195,22 +178,21 @@ def test_one_distribute_drains_a_custom_buffer_in_bulk_requests(tmp_path):
         seconds = time.monotonic() - started
     print(f"\nqcluster drained {events:,} marketing events: {seconds:.1f}s")
 
-    assert distributor.calls == 1
     assert queue_failures() == []
     assert log_problems(cluster) == []
     archived = assert_archived_once_done("marketing", published)
-    group_sizes = Counter(group_id for _, _, group_id, _ in archived)
-    assert len(group_sizes) == groups_expected
+    group_sizes = assert_groups_of_one_batch(archived, config.batch_size, config.chains)
+    assert groups_expected <= len(group_sizes) <= groups_expected + config.chains
     # The fake API recorded one request per group, each carrying the whole group.
-    requests = list(ApiRequest.objects.values_list("size", "succeeded"))
-    assert len(requests) == len(group_sizes)
-    assert Counter(requests) == {(config.batch_size, True): groups_expected}
+    requests = Counter(ApiRequest.objects.values_list("size", "succeeded"))
+    assert requests == Counter((size, True) for size in group_sizes.values())
 
 
 def test_a_failed_group_is_retried_by_the_cluster_after_a_distribute(tmp_path):
     """Rows the marketing API rejects (a lead without an email address) stay in their
     group, which waits out its backoff; once the data is fixed, the next distribute
-    re-enqueues the group and the cluster finishes it on attempt 2."""
+    re-enqueues the group and the cluster finishes it on attempt 2. The rows' commit
+    started the first run."""
     config = get_stream("marketing")
     good = Lead.objects.create(name="Ada", email="ada@example.com")
     bad = Lead.objects.create(name="Bob", email="")
@@ -229,8 +211,7 @@ def test_a_failed_group_is_retried_by_the_cluster_after_a_distribute(tmp_path):
     assert len(rejected) == 100
     assert not Schedule.objects.exists()
 
-    distribute("marketing")
-    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:  # bulk_create woke the stream
         # Attempt 1: the good rows are archived, the rejected ones wait in a retrying group.
         wait_until(
             lambda: (

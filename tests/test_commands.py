@@ -11,11 +11,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
+from django.utils import timezone
 from django_q.models import Schedule
 
 from django_outbox import publish_many
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
-from django_outbox.streams import set_paused
+from django_outbox.runs import set_paused
+from tests.conftest import publish_unwoken
 from tests.testapp.models import HandledCall
 
 pytestmark = pytest.mark.django_db
@@ -99,7 +101,7 @@ def test_status_json_is_machine_readable():
         "groups_retrying": 0,
         "archived_last_hour": 0,
         "failed_last_hour": 0,
-        "claims_in_flight": 0,
+        "runs_in_flight": 0,
     }
     assert data[0]["paused"] is True
     assert data[0]["backlog"] == 0
@@ -110,7 +112,7 @@ def test_status_json_is_machine_readable():
 @pytest.mark.django_db(transaction=True)
 def test_status_lag_counts_seconds_since_the_oldest_unclaimed_row():
     """In autocommit, as the command runs in production."""
-    publish_many("audit", [{"n": 1}])
+    publish_unwoken("audit", [{"n": 1}])
 
     (audit,) = json.loads(run("outbox_status", "audit", "--json"))
     rows = status_rows(run("outbox_status", "audit"))
@@ -150,13 +152,10 @@ def test_run_one_round_processes_the_backlog_and_reports_it():
 
     output = run("outbox_run")
 
-    # Distribute starts 3 claims (25 rows, batches of 10); the 2 full ones each chain one
-    # more claim, which finds nothing left.
+    # Distribute starts 3 runs (25 rows, batches of 10, CHAINS 4); each processes its
+    # group and ends with a claim that finds nothing left.
     assert output == (
-        # 3 claims from distribute; the 2 full ones continue their chains (CHAINS is 4),
-        # and each chain ends with a claim that finds nothing.
-        "Claimed 25 rows in 5 claim jobs; processed 3 groups (done 3); "
-        "1 round(s), stopped: one round.\n"
+        "Processed 3 groups (done 3) in 3 run job(s); 1 round(s), stopped: one round.\n"
     )
     assert OutboxEvent.objects.count() == 0
     assert OutboxGroup.objects.count() == 0
@@ -166,8 +165,7 @@ def test_run_one_round_processes_the_backlog_and_reports_it():
 
 def test_run_with_nothing_to_do():
     assert run("outbox_run") == (
-        "Claimed 0 rows in 0 claim jobs; processed 0 groups (none); "
-        "1 round(s), stopped: one round.\n"
+        "Processed 0 groups (none) in 0 run job(s); 1 round(s), stopped: one round.\n"
     )
 
 
@@ -176,7 +174,7 @@ def test_run_selected_stream_leaves_the_others_alone():
 
     output = run("outbox_run", "marketing")
 
-    assert output.startswith("Claimed 0 rows in 0 claim jobs; processed 0 groups (none);")
+    assert output.startswith("Processed 0 groups (none) in 0 run job(s);")
     assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 1
 
 
@@ -193,12 +191,10 @@ def test_run_until_empty_drains_a_backlog():
 
     output = run("outbox_run", "audit", "--until-empty")
 
-    # 10 claims take the 95 rows; the 9 full ones each chain a claim that finds nothing.
+    # Distribute starts CHAINS (4) runs; each run's claims come back full, so the runs
+    # claim on in their own worker until the 95 rows are taken.
     assert output == (
-        # 10 claims from distribute; the last 3 full ones continue (fewer than CHAINS
-        # left in flight), and each of those chains ends with an empty claim.
-        "Claimed 95 rows in 13 claim jobs; processed 10 groups (done 10); "
-        "1 round(s), stopped: empty.\n"
+        "Processed 10 groups (done 10) in 4 run job(s); 1 round(s), stopped: empty.\n"
     )
     assert OutboxEvent.objects.count() == 0
     archived = ArchivedEvent.objects.filter(stream="audit")
@@ -218,7 +214,7 @@ def test_run_until_empty_dead_letters_rows_whose_handler_keeps_failing(handler_m
     output = run("outbox_run", "audit", "--until-empty")
 
     assert re.fullmatch(
-        r"Claimed 5 rows in 1 claim jobs; processed 3 groups \(exhausted 1, retrying 2\); "
+        r"Processed 3 groups \(exhausted 1, retrying 2\) in 3 run job\(s\); "
         r"\d+ round\(s\), stopped: empty\.\n",
         output,
     ), output
@@ -241,8 +237,7 @@ def test_run_until_empty_gives_up_when_retries_are_not_due_within_max_wait(handl
 
     assert str(excinfo.value) == "Rows are left: retries were not due within --max-wait."
     assert out.getvalue().startswith(
-        "Claimed 1 rows in 1 claim jobs; processed 1 groups (retrying 1); 1 round(s), "
-        "stopped: timeout."
+        "Processed 1 groups (retrying 1) in 1 run job(s); 1 round(s), stopped: timeout."
     )
     assert OutboxGroup.objects.get().attempt == 1
 
@@ -257,7 +252,7 @@ def test_run_until_empty_on_a_paused_stream_is_a_command_error():
 
     assert str(excinfo.value) == "Rows are left: a stream is paused."
     assert out.getvalue() == (
-        "Claimed 0 rows in 0 claim jobs; processed 0 groups (none); 1 round(s), stopped: paused.\n"
+        "Processed 0 groups (none) in 0 run job(s); 1 round(s), stopped: paused.\n"
     )
     assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 3
     assert not HandledCall.objects.exists()
@@ -470,3 +465,53 @@ def test_schedules_check_exits_normally_when_in_sync():
     run("outbox_schedules")
 
     assert run("outbox_schedules", "--check") == "Schedules are in sync.\n"
+
+
+# outbox_replay ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--since", "2026-13-45T00:00:00"],
+            "--since '2026-13-45T00:00:00' is not a date and time; give one like "
+            "2026-11-24T10:00:00+00:00.",
+        ),
+        (
+            ["--until", "2026-11-24T25:00:00+00:00"],
+            "--until '2026-11-24T25:00:00+00:00' is not a date and time; give one like "
+            "2026-11-24T10:00:00+00:00.",
+        ),
+        (
+            ["--since", "2026-11-24T10:00:00"],
+            "--since '2026-11-24T10:00:00' has no UTC offset; give one like "
+            "2026-11-24T10:00:00+00:00 (or end it with Z for UTC).",
+        ),
+    ],
+    ids=["no such date", "no such hour", "naive"],
+)
+def test_replay_refuses_an_impossible_or_naive_time_with_the_format_to_use(args, message):
+    ArchivedEvent.objects.create(
+        stream="audit",
+        event_id=1,
+        data={"stream": "audit", "payload": {}},
+        created_at=timezone.now(),
+        outcome=Outcome.FAILED,
+    )
+
+    with pytest.raises(CommandError) as error:
+        run("outbox_replay", *args)
+
+    assert str(error.value) == message
+    assert ArchivedEvent.objects.filter(replayed_at__isnull=True).count() == 1
+    assert not OutboxEvent.objects.exists()
+
+
+def test_replay_takes_times_with_an_offset_or_z():
+    assert run("outbox_replay", "--since", "2026-11-24T10:00:00Z", "--dry-run") == (
+        "No dead letters match.\n"
+    )
+    assert run("outbox_replay", "--until", "2026-11-24T10:00:00+01:00", "--dry-run") == (
+        "No dead letters match.\n"
+    )

@@ -1,4 +1,4 @@
-"""distribute(): bounded backlog estimate, claim chains topped up, due groups re-enqueued."""
+"""distribute(), the safety net: due groups re-enqueued, runs started for a backlog."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_outbox import publish_many, transport
-from django_outbox.claim import claim_group
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
-from django_outbox.streams import set_paused
+from django_outbox.runs import claim_group, set_paused
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +23,7 @@ SMALL = {
             "audit": {
                 "HANDLER": "tests.testapp.handlers.record",
                 "BATCH_SIZE": 10,
-                "MAX_BATCHES": 3,
+                "CHAINS": 3,
                 "MAX_ATTEMPTS": 2,
                 "LEASE_SECONDS": 60,
             }
@@ -33,46 +32,48 @@ SMALL = {
 }
 
 
-def claims(jobs) -> int:
-    return sum(1 for job in jobs if job.func == transport.CLAIM)
+def runs(jobs) -> int:
+    return sum(1 for job in jobs if job.func == transport.RUN)
 
 
 @override_settings(**SMALL)
-def test_the_backlog_count_stops_at_max_batches_times_the_batch_size():
+def test_the_backlog_count_stops_at_chains_times_the_batch_size():
     publish_many("audit", [{"n": i} for i in range(100)])
 
     with transport.capture() as jobs:
         result = distribute("audit")
 
-    assert (result.backlog, result.backlog_capped, result.claims_enqueued) == (30, True, 3)
-    assert claims(jobs) == 3
-    assert StreamState.objects.get(stream="audit").claims_in_flight == 3
+    assert (result.backlog, result.backlog_capped, result.runs_started) == (30, True, 3)
+    assert runs(jobs) == 3
+    assert OutboxGroup.objects.filter(state=GroupState.CLAIMED).count() == 3
 
 
 @override_settings(**SMALL)
-def test_a_small_backlog_gets_as_many_claims_as_it_needs():
+def test_a_small_backlog_gets_as_many_runs_as_it_fills_batches():
     publish_many("audit", [{"n": i} for i in range(15)])
 
     with transport.capture() as jobs:
         result = distribute("audit")
 
-    assert (result.backlog, result.backlog_capped, result.claims_enqueued) == (15, False, 2)
-    assert claims(jobs) == 2
+    assert (result.backlog, result.backlog_capped, result.runs_started) == (15, False, 2)
+    assert runs(jobs) == 2
 
 
 @override_settings(**SMALL)
-def test_distribute_only_tops_up_the_claims_in_flight():
+def test_distribute_starts_no_run_beyond_chains_in_flight():
     publish_many("audit", [{"n": i} for i in range(100)])
     with transport.capture() as jobs:
         distribute("audit")
         second = distribute("audit")
 
-    assert second.claims_enqueued == 0
-    assert claims(jobs) == 3
+    assert second.runs_started == 0
+    assert runs(jobs) == 3
+    # The runs in flight are asked to claim again before they end.
+    assert StreamState.objects.get(stream="audit").wanted
 
 
 @override_settings(**SMALL)
-def test_chains_drain_the_whole_backlog_from_one_distribute(inline):
+def test_the_runs_of_one_distribute_drain_the_whole_backlog(inline):
     publish_many("audit", [{"n": i} for i in range(95)])
 
     inline.distribute("audit")
@@ -80,20 +81,8 @@ def test_chains_drain_the_whole_backlog_from_one_distribute(inline):
     assert not OutboxEvent.objects.exists()
     assert ArchivedEvent.objects.count() == 95
     assert sum(1 for job in inline.ran if job.func == transport.DISTRIBUTE) == 1
-    assert StreamState.objects.get(stream="audit").claims_in_flight == 0
-
-
-@override_settings(**SMALL)
-def test_claims_that_show_no_sign_of_life_for_a_lease_are_replaced():
-    publish_many("audit", [{"n": i} for i in range(30)])
-    StreamState.objects.create(
-        stream="audit", claims_in_flight=3, claims_touched_at=Now() - timedelta(seconds=61)
-    )
-
-    with transport.capture() as jobs:
-        result = distribute("audit")
-
-    assert result.claims_enqueued == 3 and claims(jobs) == 3
+    assert sum(1 for job in inline.ran if job.func == transport.RUN) == 3
+    assert not OutboxGroup.objects.exists()
 
 
 @override_settings(**SMALL)
@@ -123,7 +112,7 @@ def test_a_due_retry_is_enqueued_again_and_a_future_one_waits():
         result = distribute("audit")
 
     assert result.groups_enqueued == 1
-    assert [j.args for j in jobs if j.func == transport.PROCESS] == [("audit", str(due.group_id))]
+    assert [j.args for j in jobs if j.func == transport.RUN] == [("audit", str(due.group_id))]
     assert OutboxGroup.objects.get(pk=due.group_id).state == GroupState.CLAIMED
     assert OutboxGroup.objects.get(pk=later.group_id).state == GroupState.RETRYING
 
@@ -145,9 +134,7 @@ def test_an_expired_lease_is_rescued_and_counts_as_an_attempt():
         result = distribute("audit")
 
     assert (result.groups_enqueued, result.groups_exhausted) == (1, 1)
-    assert [j.args for j in jobs if j.func == transport.PROCESS] == [
-        ("audit", str(crashed.group_id))
-    ]
+    assert [j.args for j in jobs if j.func == transport.RUN] == [("audit", str(crashed.group_id))]
     assert OutboxGroup.objects.get(pk=crashed.group_id).state == GroupState.CLAIMED
     assert not OutboxGroup.objects.filter(pk=spent.group_id).exists()
     dead = ArchivedEvent.objects.filter(group_id=spent.group_id)
@@ -157,13 +144,15 @@ def test_an_expired_lease_is_rescued_and_counts_as_an_attempt():
     }
 
 
-def test_distribute_costs_the_same_number_of_queries_whatever_the_backlog():
+def test_distribute_costs_the_same_number_of_queries_whatever_the_backlog_beyond_chains():
     def queries_for(rows: int) -> int:
         OutboxEvent.objects.all().delete()
         StreamState.objects.all().delete()
+        OutboxGroup.objects.all().delete()
         publish_many("audit", [{"n": i} for i in range(rows)])
         with transport.capture(), CaptureQueriesContext(connection) as captured:
             distribute("audit")
         return len(captured.captured_queries)
 
-    assert queries_for(20) == queries_for(2000)
+    # 40 rows fill CHAINS (4) batches of 10: from there on, the backlog changes nothing.
+    assert queries_for(40) == queries_for(4000)

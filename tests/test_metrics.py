@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_outbox import publish_many
 from django_outbox.models import StagedJob
+from django_outbox.runs import set_paused
 from django_outbox.staging import stage_task
-from django_outbox.streams import set_paused
+from tests.conftest import publish_unwoken
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,9 +52,10 @@ def test_a_bearer_token_is_accepted_only_when_configured_and_equal(client):
 
 
 def test_a_scrape_reports_backlog_groups_archive_and_staged_jobs(staff_client, inline):
-    publish_many("audit", [{"n": n} for n in range(25)])
-    inline.distribute("audit")  # batch 10: 25 rows archived in 3 groups
-    publish_many("audit", [{"n": n} for n in range(7)])
+    with inline.capturing():
+        publish_many("audit", [{"n": n} for n in range(25)])  # its commit starts a run
+    inline.drain()  # batch 10: 25 rows archived in 3 groups
+    publish_unwoken("audit", [{"n": n} for n in range(7)])  # waiting for distribute
     set_paused("marketing", True)
     outbox = dict(settings.DJANGO_OUTBOX)
     outbox["STAGING"] = {**outbox["STAGING"], "FORWARD_ON_COMMIT": False}

@@ -11,11 +11,12 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_outbox import publish_many, transport
-from django_outbox.claim import claim_group
 from django_outbox.conf import get_stream
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup
 from django_outbox.process import Batch, ProcessOutcome, finalize, take_lease
+from django_outbox.runs import claim_group
+from tests.conftest import unwoken
 from tests.procs import running, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -25,7 +26,8 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 def test_a_worker_paused_past_its_lease_cannot_finalize_or_heartbeat(tmp_path, heartbeat):
     streams = {**settings.DJANGO_OUTBOX["STREAMS"], "stall": settings.STALL_STREAM}
     with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
-        publish_many("stall", [{"n": i} for i in range(5)])
+        with unwoken():  # this test's claim below is the only one
+            publish_many("stall", [{"n": i} for i in range(5)])
         with transport.capture():
             group_id = claim_group("stall").group_id
         out = tmp_path / "stale.out"

@@ -7,11 +7,12 @@ from unittest import mock
 import pytest
 from django.db import IntegrityError, OperationalError
 
-from django_outbox import publish_many, transport
-from django_outbox.claim import claim_group
+from django_outbox import transport
 from django_outbox.db import buffer_ops
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup
 from django_outbox.process import ProcessOutcome, process_group
+from django_outbox.runs import claim_group
+from tests.conftest import publish_unwoken
 
 # Retries only happen at the top level, outside any transaction: no test transaction.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,7 +39,7 @@ def ops_class():
 
 
 def claimed_group():
-    publish_many("audit", [{"n": i} for i in range(5)])
+    publish_unwoken("audit", [{"n": i} for i in range(5)])
     with transport.capture():
         return claim_group("audit").group_id
 
@@ -79,7 +80,7 @@ def test_a_finalize_that_keeps_failing_counts_as_a_failed_attempt_and_keeps_the_
 
 
 def test_a_claim_runs_again_after_a_deadlock():
-    publish_many("audit", [{"n": i} for i in range(5)])
+    publish_unwoken("audit", [{"n": i} for i in range(5)])
     real = ops_class().claim
     calls = []
 
@@ -96,7 +97,7 @@ def test_a_claim_runs_again_after_a_deadlock():
 
 
 def test_other_database_errors_are_raised_at_once_and_change_nothing():
-    publish_many("audit", [{"n": i} for i in range(5)])
+    publish_unwoken("audit", [{"n": i} for i in range(5)])
 
     with (
         mock.patch.object(ops_class(), "claim", side_effect=IntegrityError("nope")) as claim,

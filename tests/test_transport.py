@@ -16,12 +16,12 @@ def test_jobs_are_bulk_inserted_into_the_orm_broker_as_django_q2_packages(
     django_assert_max_num_queries,
 ):
     with django_assert_max_num_queries(3):
-        assert transport.enqueue(transport.CLAIM, [("audit",)] * 5) == 5
+        assert transport.enqueue(transport.RUN, [("audit",)] * 5) == 5
 
     rows = list(OrmQ.objects.all())
     assert len(rows) == 5
     task = SignedPackage.loads(rows[0].payload)
-    assert (task["func"], task["args"], task["kwargs"]) == (transport.CLAIM, ("audit",), {})
+    assert (task["func"], task["args"], task["kwargs"]) == (transport.RUN, ("audit",), {})
     assert task["save"] is False
     assert len({SignedPackage.loads(r.payload)["id"] for r in rows}) == 5
     assert {r.key for r in rows} == {"outbox-tests"}
@@ -32,14 +32,14 @@ def test_jobs_enqueued_in_a_rolled_back_transaction_never_reach_the_queue():
         pass
 
     with pytest.raises(Rollback), transaction.atomic():
-        transport.enqueue(transport.PROCESS, [("audit", "00000000-0000-0000-0000-000000000000")])
+        transport.enqueue(transport.RUN, [("audit", "00000000-0000-0000-0000-000000000000")])
         raise Rollback
 
     assert not OrmQ.objects.exists()
 
 
 def test_a_stream_cluster_is_the_broker_queue_of_its_jobs():
-    transport.enqueue(transport.CLAIM, [("audit",)], cluster="bulk")
+    transport.enqueue(transport.RUN, [("audit",)], cluster="bulk")
 
     row = OrmQ.objects.get()
     assert row.key == "bulk"
@@ -48,7 +48,7 @@ def test_a_stream_cluster_is_the_broker_queue_of_its_jobs():
 
 def test_capture_keeps_jobs_in_memory_and_sends_nothing():
     with transport.capture() as jobs:
-        transport.enqueue(transport.CLAIM, [("audit",), ("audit",)])
+        transport.enqueue(transport.RUN, [("audit",), ("audit",)])
 
     assert [job.args for job in jobs] == [("audit",), ("audit",)]
     assert not OrmQ.objects.exists()

@@ -6,19 +6,26 @@ with the same code the cluster runs.
 
 from __future__ import annotations
 
+import math
+import re
 from collections import deque
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F
 from django.db.models.functions import Now
+from django.test.utils import isolate_apps
+from django.utils.dateparse import parse_datetime
 
 from django_outbox import transport
-from django_outbox.db import database_now
+from django_outbox.db import _vendor, database_now
 from django_outbox.db.unique import JobTable
-from django_outbox.exceptions import JobError, JobLeaseLost, LeaseLost
-from django_outbox.models import JobState
+from django_outbox.durations import MAX_DURATION
+from django_outbox.exceptions import DurationError, JobError, JobLeaseLost, LeaseLost
+from django_outbox.jsondata import MAX_DEPTH
+from django_outbox.models import JobState, UniqueJob
 from django_outbox.unique.dispatch import RUN, dispatch
 from django_outbox.unique.execute import Heartbeat, JobOutcome, execute_job, finish, retry_or_fail
 from tests.uniqueapp.models import (
@@ -103,6 +110,83 @@ def test_enqueue_rejects_managed_fields_and_naive_datetimes():
         "uniqueapp.KeyedJob.enqueue(process_after=...) takes an aware datetime or a timedelta"
     )
     assert not KeyedJob.objects.exists()
+
+
+def test_enqueue_with_a_delay_in_the_past_makes_the_job_ready_now():
+    before = database_now()
+    with transport.capture():
+        job, created = KeyedJob.enqueue(key="late", process_after=timedelta(seconds=-5))
+    after = database_now()
+
+    assert created
+    assert before <= job.process_after <= after
+
+
+@pytest.mark.parametrize(
+    "delay", [MAX_DURATION + timedelta(days=1), timedelta.max], ids=["101 years", "max"]
+)
+def test_enqueue_refuses_a_delay_beyond_a_hundred_years(delay):
+    with pytest.raises(DurationError) as error:
+        KeyedJob.enqueue(key="never", process_after=delay)
+
+    assert str(error.value).startswith(
+        "uniqueapp.KeyedJob.enqueue(process_after=...) must be between 0 seconds and 36500 days"
+    )
+    assert not KeyedJob.objects.exists()
+
+
+def test_the_database_clock_moves_back_by_a_negative_number_of_seconds(vendor):
+    connection = connections["default"]
+    expression, params = _vendor(connection).seconds_from_now(-3600.5)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {expression}", params)
+        value = cursor.fetchone()[0]
+    moved = parse_datetime(value).replace(tzinfo=UTC) if isinstance(value, str) else value
+
+    assert moved is not None
+    assert abs(database_now() - timedelta(seconds=3600.5) - moved) < timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"key": "nul\x00"}, "the value of key cannot be stored: it holds a NUL character"),
+        (
+            {"key": "\ud800"},
+            "the value of key cannot be stored: it holds a NUL character or a lone",
+        ),
+        (
+            {"key": "nan", "work_seconds": math.nan},
+            "the value of work_seconds cannot be stored: it is NaN",
+        ),
+    ],
+    ids=["nul", "surrogate", "nan"],
+)
+def test_enqueue_refuses_values_a_supported_database_cannot_store(fields, reason):
+    with pytest.raises(JobError, match=re.escape(f"uniqueapp.KeyedJob.enqueue(): {reason}")):
+        KeyedJob.enqueue(**fields)
+    assert not KeyedJob.objects.exists()
+
+
+def test_enqueue_refuses_a_json_field_nested_deeper_than_the_bound():
+    with isolate_apps("tests.uniqueapp"):
+
+        class FeedJob(UniqueJob):
+            feed = models.JSONField(encoder=DjangoJSONEncoder)
+
+            class Meta:
+                app_label = "uniqueapp"
+
+            def perform(self, heartbeat):
+                pass
+
+        deep: object = 1
+        for _ in range(MAX_DEPTH + 1):
+            deep = [deep]
+        with pytest.raises(JobError, match=rf"the value of feed cannot be stored: .*{MAX_DEPTH}"):
+            FeedJob.enqueue(feed=deep)
+        with pytest.raises(JobError, match=r"the value of feed cannot be stored: .*NUL"):
+            FeedJob.enqueue(feed={"note": "\x00"})
 
 
 def test_a_rolled_back_enqueue_leaves_nothing_and_dispatches_nothing():

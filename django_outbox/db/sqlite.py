@@ -19,7 +19,8 @@ NOW_SQL = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
 
 def seconds_from_now(seconds: float) -> tuple[str, list[object]]:
     """SQL for the database's time *seconds* from now, and its parameters."""
-    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)", [f"+{seconds} seconds"]
+    # A signed fixed-point modifier: SQLite reads neither "+-5 seconds" nor "1e+30 seconds".
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)", [f"{seconds:+.6f} seconds"]
 
 
 class SQLiteBufferOps(BufferOps):

@@ -14,10 +14,28 @@ from typing import Any
 from django.db import models
 from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
-from django.dispatch import receiver
+from django.dispatch import Signal, receiver
 
 UNCLAIMED_INDEX = "outbox_unclaimed"
 GROUP_INDEX = "outbox_group"
+
+#: Sent after ``bulk_create()`` of a buffer model, with ``sender`` = the model and
+#: ``objs`` = the rows; ``post_save`` covers ``create()`` and ``save()``. The run loop
+#: listens to both, so every ORM write of buffer rows wakes its stream on commit.
+rows_bulk_created = Signal()
+
+
+class BufferQuerySet(models.QuerySet):
+    """The buffer's queryset: ``bulk_create`` announces its rows (no ``post_save``)."""
+
+    def bulk_create(self, objs: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        created = super().bulk_create(objs, *args, **kwargs)
+        if created:
+            rows_bulk_created.send(sender=self.model, objs=created, using=self.db)
+        return created
+
+
+BufferManager = models.Manager.from_queryset(BufferQuerySet)
 
 
 class BufferEvent(models.Model):
@@ -31,6 +49,8 @@ class BufferEvent(models.Model):
     id = models.BigAutoField(primary_key=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     group_id = models.UUIDField(null=True, blank=True, editable=False)
+
+    objects = BufferManager()
 
     class Meta:
         abstract = True

@@ -7,11 +7,11 @@ from django.db.models.functions import Now
 
 
 class StreamState(models.Model):
-    """Runtime switches of one stream, plus the count of its claim jobs in flight.
+    """Runtime switches of one stream, and whether its run loop is wanted again.
 
-    ``paused`` and ``batch_size_override`` are obeyed by the next distribute and claim
-    run. ``claims_in_flight`` is maintained by the pipeline itself: distribute tops it
-    up to ``MAX_BATCHES`` and a claim chain decrements it when it ends.
+    ``paused`` and ``batch_size_override`` are obeyed by the next claim. ``wanted`` is
+    raised by a commit that wrote rows while a run of the stream was in flight, and
+    lowered by the run that claims again because of it (see :mod:`django_outbox.runs`).
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -19,13 +19,10 @@ class StreamState(models.Model):
     batch_size_override = models.PositiveIntegerField(
         null=True, blank=True, help_text="Overrides the stream's BATCH_SIZE when set."
     )
-    claims_in_flight = models.IntegerField(default=0, editable=False)
-    claims_touched_at = models.DateTimeField(null=True, blank=True, editable=False)
-    kicked_at = models.DateTimeField(
-        null=True,
-        blank=True,
+    wanted = models.BooleanField(
+        default=False,
         editable=False,
-        help_text="Last commit that published to the stream with KICK on (database clock).",
+        help_text="Rows were committed while a run was in flight: the run claims again.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 

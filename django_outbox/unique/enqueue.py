@@ -8,16 +8,19 @@ The dispatch of the kind is kicked once right after the caller's transaction com
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from django_outbox.db.unique import JobTable
+from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
+from django_outbox.jsondata import dumps, storable_text
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState
 
 if TYPE_CHECKING:
@@ -79,7 +82,9 @@ def _process_after(
     if value is None or (isinstance(value, datetime) and timezone.is_aware(value)):
         return value
     if isinstance(value, timedelta):
-        return value.total_seconds()
+        if value <= timedelta(0):
+            return None  # a time in the past: ready now
+        return validate_duration(f"{model._meta.label}.enqueue(process_after=...)", value)
     raise JobError(
         f"{model._meta.label}.enqueue(process_after=...) takes an aware datetime or a "
         f"timedelta from now, not {value!r}."
@@ -87,7 +92,11 @@ def _process_after(
 
 
 def _payload_values(draft: UniqueJob, table: JobTable) -> list[tuple[Any, Any]]:
-    """The (field, database value) pairs of the draft's payload fields, as save() would."""
+    """The (field, database value) pairs of the draft's payload fields, as save() would.
+
+    A value the database would refuse or change is refused here with :class:`JobError`,
+    the same on every database, instead of failing (or not) inside the INSERT.
+    """
     values = []
     for field in type(draft)._meta.concrete_fields:
         if field.name in BOOKKEEPING_FIELDS:
@@ -95,8 +104,34 @@ def _payload_values(draft: UniqueJob, table: JobTable) -> list[tuple[Any, Any]]:
         value = field.pre_save(draft, add=True)
         if isinstance(value, DatabaseDefault):
             continue
-        values.append((field, field.get_db_prep_save(value, table.connection)))
+        try:
+            _check_storable(field, value, table)
+            values.append((field, field.get_db_prep_save(value, table.connection)))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise JobError(
+                f"{type(draft)._meta.label}.enqueue(): the value of {field.name} cannot be "
+                f"stored: {exc}."
+            ) from exc
     return values
+
+
+def _check_storable(field: models.Field, value: Any, table: JobTable) -> None:
+    """Raise ValueError for a value one of the supported databases cannot store as given."""
+    if isinstance(field, models.JSONField):
+        dumps(value, cls=field.encoder)
+    elif isinstance(value, str):
+        if not storable_text(value):
+            raise ValueError(
+                "it holds a NUL character or a lone surrogate, which PostgreSQL cannot store"
+            )
+        if field.max_length is not None and len(value) > field.max_length:
+            raise ValueError(f"it is longer than {field.max_length} characters")
+    elif isinstance(value, float) and math.isnan(value):
+        raise ValueError("it is NaN, which SQLite stores as NULL")
+    elif isinstance(field, models.IntegerField) and isinstance(value, int):
+        low, high = table.connection.ops.integer_field_range(field.get_internal_type())
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"it is outside the column's range {low} to {high}")
 
 
 # -- the kick after commit -------------------------------------------------------------

@@ -1,19 +1,34 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_outbox.exceptions import UnknownStream
 from django_outbox.replay import dead_letters, replay_failed
 
+EXAMPLE_TIME = "2026-11-24T10:00:00+00:00"
 
-def _datetime(value: str) -> Any:
-    parsed = parse_datetime(value)
+
+def _datetime(option: str, value: str) -> datetime:
+    """Parse an ISO 8601 date and time with its UTC offset, or raise CommandError."""
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:  # well formed, but no such date or time (month 13, hour 25)
+        parsed = None
     if parsed is None:
-        raise CommandError(f"{value!r} is not a date and time, e.g. 2026-11-22T10:00:00Z.")
+        raise CommandError(
+            f"{option} {value!r} is not a date and time; give one like {EXAMPLE_TIME}."
+        )
+    if timezone.is_naive(parsed):
+        raise CommandError(
+            f"{option} {value!r} has no UTC offset; give one like {EXAMPLE_TIME} (or end it "
+            "with Z for UTC)."
+        )
     return parsed
 
 
@@ -38,8 +53,8 @@ class Command(BaseCommand):
         try:
             rows = dead_letters(
                 stream=options["stream"],
-                since=_datetime(options["since"]) if options["since"] else None,
-                until=_datetime(options["until"]) if options["until"] else None,
+                since=_datetime("--since", options["since"]) if options["since"] else None,
+                until=_datetime("--until", options["until"]) if options["until"] else None,
                 group_id=_uuid(options["group"]) if options["group"] else None,
             )
             if options["dry_run"]:

@@ -38,7 +38,7 @@ class Command(BaseCommand):
                     for s in statuses
                 )
                 self.stdout.write(
-                    f"\rround {report.rounds}: claimed {report.rows_claimed:,} rows  {line}",
+                    f"\rround {report.rounds}: {sum(report.outcomes.values()):,} groups  {line}",
                     ending="",
                 )
                 sys.stdout.flush()
@@ -56,8 +56,8 @@ class Command(BaseCommand):
             self.stdout.write("")
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "none"
         self.stdout.write(
-            f"Claimed {report.rows_claimed:,} rows in {report.jobs['claim']:,} claim jobs; "
-            f"processed {report.jobs['process']:,} groups ({outcomes}); "
+            f"Processed {sum(report.outcomes.values()):,} groups ({outcomes}) in "
+            f"{report.jobs['run']:,} run job(s); "
             f"{report.rounds} round(s), stopped: {report.stopped_because}."
         )
         if report.stopped_because in ("timeout", "paused"):

@@ -1,0 +1,60 @@
+"""The reads of the run loop: whether a stream is paused, wanted, busy; its runs in flight."""
+
+from __future__ import annotations
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_outbox.db import _vendor, connection_for
+
+
+def _tables(connection: BaseDatabaseWrapper) -> tuple[str, str]:
+    from django_outbox.models import OutboxGroup, StreamState
+
+    qn = connection.ops.quote_name
+    return qn(OutboxGroup._meta.db_table), qn(StreamState._meta.db_table)
+
+
+def _live_groups_clause(connection: BaseDatabaseWrapper) -> tuple[str, list[str]]:
+    from django_outbox.models import GroupState
+
+    group_table, _ = _tables(connection)
+    sql = (
+        f"SELECT 1 FROM {group_table} g WHERE g.stream = s.stream AND g.state IN (%s, %s) "
+        f"AND g.lease_expires_at > {_vendor(connection).NOW_SQL}"
+    )
+    return sql, [GroupState.CLAIMED, GroupState.RUNNING]
+
+
+def wake_state(stream: str) -> tuple[bool, bool, bool] | None:
+    """Return (paused, wanted, busy) of *stream* in one statement; None without a state row.
+
+    *busy* means a group of the stream is claimed or running under a live lease: a run
+    is in flight.
+    """
+    from django_outbox.models import StreamState
+
+    connection = connection_for(StreamState)
+    _, state_table = _tables(connection)
+    live, params = _live_groups_clause(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.paused, s.wanted, EXISTS({live}) FROM {state_table} s WHERE s.stream = %s",
+            [*params, stream],
+        )
+        row = cursor.fetchone()
+    return None if row is None else (bool(row[0]), bool(row[1]), bool(row[2]))
+
+
+def runs_in_flight(stream: str) -> int:
+    """Count the stream's groups claimed or running under a live lease: its runs in flight."""
+    from django_outbox.models import GroupState, OutboxGroup
+
+    connection = connection_for(OutboxGroup)
+    group_table, _ = _tables(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {group_table} g WHERE g.stream = %s AND g.state IN (%s, %s) "
+            f"AND g.lease_expires_at > {_vendor(connection).NOW_SQL}",
+            [stream, GroupState.CLAIMED, GroupState.RUNNING],
+        )
+        return int(cursor.fetchone()[0])

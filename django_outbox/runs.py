@@ -1,0 +1,336 @@
+"""The run loop: how work on a stream starts, continues and ends. One protocol, here.
+
+A *run* is one django-q2 job that processes a group, claims the stream's next group in
+the same worker, processes it, and goes on while rows are waiting:
+
+* **Start.** Every documented way to write buffer rows *wakes* the stream when its
+  transaction commits (:func:`wake`): ``publish()``/``publish_many()``, ``create()``,
+  ``save()`` and ``bulk_create()`` of a buffer model, replayed dead letters. A wake
+  with no run in flight claims a group and enqueues a run for it, in one transaction
+  (with the ORM broker the job commits with the claim: exactly-once hand-off).
+* **Continue.** After each group the run claims again while its last claim was full
+  (more rows are probably waiting) or a commit *wanted* it (a wake that found a run in
+  flight raises the stream's ``wanted`` flag instead of starting another run). A full
+  claim also starts more runs, up to ``CHAINS`` in flight. After ``RUN_SECONDS`` a run
+  hands its next group to a fresh job, so no worker is held for long.
+* **End.** A run ends when its claim comes back short and nothing wanted it, deciding
+  under the stream's state-row lock, which a wake takes too: either the run sees the
+  wake's flag, or the wake sees no run in flight and starts one.
+
+Runs in flight are counted by their groups (claimed or running under a live lease),
+not by a counter: a run that dies leaves a group whose lease expires, and distribute
+(the safety net on the schedule) rescues the group and restarts runs for any backlog.
+A quiet stream costs nothing but its schedule.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+
+from django_outbox import transport
+from django_outbox.conf import StreamConfig, get_stream, outbox_settings
+from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db.runs import runs_in_flight, wake_state
+from django_outbox.db.transient import retry_transient
+from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.models.buffer import rows_bulk_created
+from django_outbox.oncommit import on_commit_once
+from django_outbox.process import ProcessOutcome, process_group, run_attempt, worker_identity
+
+#: A run hands its next group to a fresh job after this many seconds.
+RUN_SECONDS = 5.0
+#: While its claims come back full, a run re-reads the stream's state (pause, batch-size
+#: override) and checks whether more runs may start at most this often.
+RECHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    stream: str
+    group_id: uuid.UUID | None
+    size: int
+    limit: int
+
+    @property
+    def claimed_any(self) -> bool:
+        return self.size > 0
+
+    @property
+    def full(self) -> bool:
+        """Whether the claim filled its batch, so more rows are probably waiting."""
+        return self.size >= self.limit > 0
+
+
+# -- runtime state ------------------------------------------------------------------
+
+
+def runtime_state(stream: str) -> StreamState:
+    """Return the stream's state row, creating it on first use."""
+    state, _ = StreamState.objects.get_or_create(stream=stream)
+    return state
+
+
+def effective_batch_size(config: StreamConfig, state: StreamState | None) -> int:
+    """The stream's batch size: the operator's override when set, else ``BATCH_SIZE``."""
+    if state is not None and state.batch_size_override:
+        return state.batch_size_override
+    return config.batch_size
+
+
+def set_paused(stream: str, paused: bool) -> None:
+    """Pause or resume a stream: no claim is made while it is paused; resuming wakes it."""
+    get_stream(stream)
+    runtime_state(stream)
+    StreamState.objects.filter(stream=stream).update(paused=paused, updated_at=Now())
+    if not paused:
+        wake(stream)
+
+
+# -- claim --------------------------------------------------------------------------
+
+
+def claim_group(
+    stream: str, *, run_here: bool = False, state: StreamState | None = None
+) -> ClaimResult:
+    """Claim up to the stream's batch size of unclaimed rows, oldest first, as one group.
+
+    One transaction: the claim statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) and
+    the group row. With *run_here* the group starts running at attempt 1, leased to
+    this worker, which processes it next (:func:`django_outbox.process.run_attempt`);
+    otherwise it is queued and a run job for it is enqueued in the same transaction.
+    A paused stream claims nothing. *state* saves reading the state row again.
+    """
+    config = get_stream(stream)
+    if state is None:
+        state = StreamState.objects.filter(stream=stream).first()
+    if state is not None and state.paused:
+        return ClaimResult(stream, None, 0, 0)
+    limit = effective_batch_size(config, state)
+    group_id = uuid.uuid4()
+    ops = buffer_ops(config.model_class)
+    alias = connection_for(config.model_class).alias
+    lease = Now() + timedelta(seconds=config.lease_seconds)
+
+    def claim_transaction() -> int:
+        with transaction.atomic(using=alias):
+            size = ops.claim(group_id, limit, stream if config.is_generic else None)
+            if size and run_here:
+                OutboxGroup.objects.create(
+                    id=group_id,
+                    stream=stream,
+                    size=size,
+                    state=GroupState.RUNNING,
+                    attempt=1,
+                    worker=worker_identity(),
+                    lease_expires_at=lease,
+                )
+            elif size:
+                OutboxGroup.objects.create(
+                    id=group_id,
+                    stream=stream,
+                    size=size,
+                    state=GroupState.CLAIMED,
+                    lease_expires_at=lease,
+                )
+                transport.enqueue(transport.RUN, [(stream, str(group_id))], cluster=config.cluster)
+        return size
+
+    size = retry_transient(claim_transaction, alias, what=f"claim of stream {stream}")
+    return ClaimResult(stream, group_id if size else None, size, limit)
+
+
+# -- start --------------------------------------------------------------------------
+
+
+def start_runs(
+    stream: str, runs: int = 1, *, only_if_idle: bool = False, announce: bool = True
+) -> int:
+    """Start up to *runs* runs of *stream*, keeping at most ``CHAINS`` in flight.
+
+    Under the stream's state-row lock: count the runs in flight, then claim a group and
+    enqueue a run for it while there is room and rows to claim. When a run in flight
+    stands in the way (none may start, or *only_if_idle* and one is in flight), raise
+    the stream's ``wanted`` flag (unless not *announce*): that run claims again before
+    it ends. Returns the number of runs started.
+    """
+    config = get_stream(stream)
+    alias = connection_for(StreamState).alias
+
+    def locked() -> int:
+        with transaction.atomic(using=alias):
+            state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
+            if state.paused:
+                return 0
+            in_flight = runs_in_flight(stream)
+            room = 0 if only_if_idle and in_flight else max(config.chains - in_flight, 0)
+            started = 0
+            drained = False
+            while started < min(runs, room):
+                if not claim_group(stream, state=state).claimed_any:
+                    drained = True
+                    break
+                started += 1
+            if announce and in_flight and started < runs and not drained and not state.wanted:
+                StreamState.objects.filter(stream=stream).update(wanted=True)
+            return started
+
+    return retry_transient(locked, alias, what=f"start of a run of stream {stream}")
+
+
+def wake_now(stream: str) -> bool:
+    """Make sure a run of *stream* will claim the rows committed so far.
+
+    One read decides in the common cases: a paused stream, or a run in flight that is
+    already wanted again, need nothing more. Otherwise :func:`start_runs` starts a run
+    if none is in flight, or raises ``wanted`` for the one in flight. Returns whether
+    a run was started.
+    """
+    found = wake_state(stream)
+    if found is not None:
+        paused, wanted, busy = found
+        if paused or (busy and wanted):
+            return False
+    return start_runs(stream, 1, only_if_idle=True) > 0
+
+
+def wake(stream: str, *, using: str | None = None) -> None:
+    """Wake *stream* once the current transaction on *using* commits.
+
+    ``publish()``, ``publish_many()`` and every ORM write of buffer rows call this; call
+    it yourself after writing buffer rows another way (raw SQL, a ``PublishTrigger``).
+    Within one transaction the stream is woken once, whatever the number of calls; a
+    rolled-back transaction wakes nothing; outside a transaction it wakes at once.
+    """
+    get_stream(stream)
+    alias = using or connection_for(StreamState).alias
+    on_commit_once(("django_outbox.wake", stream), partial(wake_now, stream), using=alias)
+
+
+#: The name of round 1; it now wakes the stream.
+kick = wake
+
+
+# -- run ----------------------------------------------------------------------------
+
+
+class _Run:
+    """One run's loop; keeps the stream's state row for up to ``RECHECK_SECONDS``."""
+
+    def __init__(self, config: StreamConfig, budget: float) -> None:
+        self.config = config
+        self.stream = config.name
+        self.deadline = time.monotonic() + budget
+        self.state: StreamState | None = None
+        self.state_read_at = -math.inf
+        self.fanned_out_at = -math.inf
+
+    def next_group(self, *, full: bool) -> ClaimResult | None:
+        """Claim this run's next group, or return None when the run ends here."""
+        now = time.monotonic()
+        if full and self.state is not None and now - self.state_read_at < RECHECK_SECONDS:
+            state = self.state
+        elif full:
+            state = self._read_state()
+        else:
+            state = self._decide_to_continue()
+            if state is None:
+                return None
+        if state.paused:
+            return None
+        if now >= self.deadline:
+            claim_group(self.stream, state=state)  # handed to a fresh job
+            return None
+        claim = claim_group(self.stream, run_here=True, state=state)
+        if claim.full and now - self.fanned_out_at >= RECHECK_SECONDS:
+            self.fanned_out_at = now
+            start_runs(self.stream, self.config.chains - 1, announce=False)
+        return claim
+
+    def _read_state(self) -> StreamState:
+        self.state = runtime_state(self.stream)
+        self.state_read_at = time.monotonic()
+        return self.state
+
+    def _decide_to_continue(self) -> StreamState | None:
+        """After a short claim: lower ``wanted`` and go on, or end. Under the row lock.
+
+        The flag is lowered in its own transaction, committed before the next claim
+        starts: a wake that still read it raised has committed its rows before that
+        claim's snapshot.
+        """
+        alias = connection_for(StreamState).alias
+        with transaction.atomic(using=alias):
+            state, _ = StreamState.objects.select_for_update().get_or_create(stream=self.stream)
+            if state.paused or not state.wanted:
+                return None
+            StreamState.objects.filter(stream=self.stream).update(wanted=False)
+        state.wanted = False
+        self.state = state
+        self.state_read_at = time.monotonic()
+        return state
+
+
+def run(
+    stream: str, group_id: uuid.UUID | str | None = None, *, budget: float = RUN_SECONDS
+) -> list[ProcessOutcome]:
+    """Run the stream's loop: process *group_id* (if given), then claim and process on.
+
+    Returns the outcome of each group this job processed. A duplicate delivery of a job
+    whose group is running elsewhere or done does nothing.
+    """
+    config = get_stream(stream)
+    loop = _Run(config, budget)
+    outcomes = []
+    if group_id is not None:
+        outcome = process_group(stream, group_id)
+        if outcome is ProcessOutcome.SKIPPED:
+            return []
+        outcomes.append(outcome)
+    full = True  # a queued group's size is not known here; a short claim ends the run
+    while (claim := loop.next_group(full=full)) is not None and claim.group_id is not None:
+        outcomes.append(run_attempt(config, claim.group_id, 1))
+        full = claim.full
+    return outcomes
+
+
+def start_backlog_runs(stream: str, backlog: int, batch_size: int) -> int:
+    """Start as many runs as *backlog* rows fill batches, up to ``CHAINS`` (distribute)."""
+    if backlog <= 0:
+        return 0
+    return start_runs(stream, math.ceil(backlog / batch_size))
+
+
+# -- wake on every ORM write of buffer rows ------------------------------------------
+
+
+def _streams_of(model: type[Any], rows: Any) -> set[str]:
+    if model is OutboxEvent:
+        configured = outbox_settings().streams
+        return {row.stream for row in rows if row.stream in configured}
+    return set(outbox_settings().streams_by_model.get(model._meta.label_lower, ()))
+
+
+@receiver(post_save, dispatch_uid="django_outbox.runs.wake_on_save")
+def _wake_on_save(
+    sender: type[Any], instance: Any, created: bool, using: str, **kwargs: Any
+) -> None:
+    if created and isinstance(instance, BufferEvent):
+        for stream in _streams_of(sender, [instance]):
+            wake(stream, using=using)
+
+
+@receiver(rows_bulk_created, dispatch_uid="django_outbox.runs.wake_on_bulk_create")
+def _wake_on_bulk_create(sender: type[Any], objs: list[Any], using: str, **kwargs: Any) -> None:
+    for stream in _streams_of(sender, objs):
+        wake(stream, using=using)

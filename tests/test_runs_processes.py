@@ -1,0 +1,114 @@
+"""Process tier: a steady inflow through a real qcluster, moved by its commits alone.
+
+No django-q2 schedule exists in the test database and no test calls distribute in the
+first test: every row is claimed because its commit woke the stream. The commit-to-
+archive latency is printed; its target (p99 within 1 s) is measured by the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import time
+
+import pytest
+from django.db import transaction
+from django_q.models import Schedule
+
+from django_outbox import publish
+from django_outbox.distribute import distribute
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
+from marketing.models import ContactActivity, ContactActivityEvent, Lead
+from tests.procs import fail_on_queue_failures, log_problems, qcluster, running, wait_until
+from tests.test_cluster import assert_archived_once_done, pipeline_state
+from tests.test_crash import crash_settings
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+
+def paced(commits: int, per_second: float):
+    """Yield *commits* times on a fixed schedule of *per_second* (the inflow's pace)."""
+    started = time.monotonic()
+    for n in range(commits):
+        delay = started + n / per_second - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        yield n
+
+
+def test_a_steady_inflow_of_single_row_commits_is_delivered_exactly_once(tmp_path):
+    """40 commits a second of one custom-buffer row each, for 10 seconds."""
+    assert not Schedule.objects.exists(), "a schedule would distribute behind our back"
+    lead = Lead.objects.create(name="Ada", email="ada@example.com")
+    activity = ContactActivity.objects.create(lead=lead, kind="call")
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+        for _ in paced(400, 40):
+            with transaction.atomic():
+                ContactActivityEvent.objects.create(activity=activity)
+        published = set(ArchivedEvent.objects.values_list("event_id", flat=True)) | set(
+            ContactActivityEvent.objects.values_list("id", flat=True)
+        )
+        wait_until(
+            lambda: ArchivedEvent.objects.filter(stream="marketing").count() >= 400,
+            timeout=120,
+            describe=lambda: pipeline_state("marketing", ContactActivityEvent),
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+    assert log_problems(cluster) == []
+    assert len(published) == 400
+    assert_archived_once_done("marketing", published)
+    latencies = sorted(
+        (archived - created).total_seconds()
+        for created, archived in ArchivedEvent.objects.values_list("created_at", "archived_at")
+    )
+    print(
+        f"\nsteady inflow, 40 commits/s: commit -> archived p50 {statistics.median(latencies):.3f}"
+        f" s, p99 {latencies[int(len(latencies) * 0.99) - 1]:.3f} s, max {latencies[-1]:.3f} s"
+    )
+
+
+@pytest.mark.postgres
+def test_sigkilled_workers_during_a_steady_inflow_lose_and_duplicate_nothing(tmp_path):
+    """100 commits a second into the ``crash`` stream, whose handler workers are killed
+    mid-handler; distribute plays the schedule's part (rescuing expired leases)."""
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    commits, kills, rng = 1000, 0, random.Random(11)
+    env = {"OUTBOX_TEST_CRASH": "1", "OUTBOX_TEST_BUSY_DIR": str(busy), "Q_CLUSTER_NAME": "crash"}
+    with crash_settings(), running(["-m", "django", "qcluster"], "crash-cluster", **env):
+        for n in paced(commits, 100):
+            with transaction.atomic():
+                publish("crash", {"n": n})
+            if n % 50 == 49:
+                distribute("crash")
+                in_handler = sorted(busy.iterdir())
+                if in_handler:
+                    marker = rng.choice(in_handler)
+                    marker.unlink()  # a killed worker cannot remove its own marker
+                    try:
+                        os.kill(int(marker.name), signal.SIGKILL)
+                        kills += 1
+                    except ProcessLookupError:
+                        pass  # it finished in between
+        started = time.monotonic()
+        while OutboxEvent.objects.exists() or OutboxGroup.objects.exists():
+            assert time.monotonic() - started < 240, "the inflow did not drain"
+            distribute("crash")
+            time.sleep(0.5)  # the schedule's pace, compressed
+
+    payloads = list(
+        ArchivedEvent.objects.filter(stream="crash").values_list("data__payload__n", "outcome")
+    )
+    numbers = [n for n, _ in payloads]
+    missing = set(range(commits)) - set(numbers)
+    duplicated = len(numbers) - len(set(numbers))
+    print(
+        f"\ninflow with kills: {commits} commits, {kills} workers killed mid-handler, "
+        f"{len(missing)} missing, {duplicated} duplicated"
+    )
+    assert kills >= 3, "the test did not kill workers mid-handler"
+    assert (len(missing), duplicated) == (0, 0)
+    assert {outcome for _, outcome in payloads} == {Outcome.DONE}
