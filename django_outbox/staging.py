@@ -21,7 +21,10 @@ drainer (schedule or ``manage.py outbox_drain``) remains the guarantee.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +50,17 @@ RUNNER = "django_outbox.tasks.run_staged"
 GUARD_SCOPE = "django_outbox.staged"
 #: django-q2 task options a staged job may carry (``q_options=``).
 Q_OPTIONS = ("cluster", "timeout", "group", "hook", "save", "task_name", "ack_failure")
+#: The type each option must have (``save`` and ``ack_failure`` booleans, the rest not).
+Q_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "cluster": (str,),
+    "timeout": (int, float),
+    "group": (str,),
+    "save": (bool,),
+    "task_name": (str,),
+    "ack_failure": (bool,),
+}
+#: The form of the drainer's own guard keys; a caller's key may not take it.
+INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
 #: Keyword arguments of ``stage_task`` itself; any other keyword goes to the task.
 RESERVED = ("q_options", "run_after", "idempotency_key", "using")
 #: Ids remembered for the forward-on-commit path, per thread, at most (rolled-back ones
@@ -60,28 +74,73 @@ def _alias(using: str | None = None) -> str:
     return using or router.db_for_write(StagedJob)
 
 
-def task_path(func: str | Callable[..., Any]) -> str:
-    """The dotted path of *func*, checked against ``STAGING["ALLOWED_MODULES"]``."""
-    if callable(func):
+def task_path(func: str | Callable[..., Any], what: str = "staged task") -> str:
+    """The dotted path of *func*, a plain function of a ``STAGING["ALLOWED_MODULES"]`` module.
+
+    Both the path and the function's own ``__module__`` must be allowed: a function
+    imported into an allowed module from elsewhere is refused, and so is anything that is
+    not a plain function (``functools.partial``, classes, bound methods, builtins).
+    """
+    if inspect.isfunction(func):
         path = f"{func.__module__}.{func.__qualname__}"
     elif isinstance(func, str) and func:
         path = func
-    else:
-        raise StagingError(f"stage_task() needs a function or its dotted path, not {func!r}.")
-    staging = outbox_settings().staging
-    if not staging.allows(path):
-        allowed = ", ".join(staging.allowed_modules) or "none"
+    elif callable(func):
         raise StagingError(
-            f"{path!r} is not in an allowed module (allowed: {allowed}). Add its module to "
-            "DJANGO_OUTBOX['STAGING']['ALLOWED_MODULES'] to stage it."
+            f"A {what} must be a plain module-level function or its dotted path, not "
+            f"{func!r}: wrap it in a function of an allowed module."
         )
+    else:
+        raise StagingError(f"A {what} needs a function or its dotted path, not {func!r}.")
+    staging = outbox_settings().staging
+    allowed = ", ".join(staging.allowed_modules) or "none"
+    fix = "Add its module to DJANGO_OUTBOX['STAGING']['ALLOWED_MODULES'] to stage it."
+    if not staging.allows(path):
+        raise StagingError(f"{path!r} is not in an allowed module (allowed: {allowed}). {fix}")
     try:
         target = import_string(path)
     except ImportError as exc:
-        raise StagingError(f"Cannot import the staged task {path!r}: {exc}") from exc
-    if not callable(target):
-        raise StagingError(f"The staged task {path!r} is not callable.")
+        raise StagingError(f"Cannot import the {what} {path!r}: {exc}") from exc
+    if not inspect.isfunction(target):
+        kind = "not callable" if not callable(target) else "not a plain function"
+        raise StagingError(
+            f"The {what} {path!r} is {kind}: stage a module-level function of an allowed "
+            "module."
+        )
+    own = f"{target.__module__}.{target.__qualname__}"
+    if not staging.allows(own):
+        raise StagingError(
+            f"The {what} {path!r} is {own!r}, defined outside the allowed modules "
+            f"(allowed: {allowed}): importing a function into an allowed module does not "
+            f"allow it. {fix}"
+        )
     return path
+
+
+def check_options(q_options: Any) -> dict[str, Any]:
+    """*q_options* if they are django-q2 options a staged job may carry; else StagingError.
+
+    The ``hook`` runs in the worker like the task itself, so it passes the same
+    allow-list as the task.
+    """
+    if not isinstance(q_options, dict):
+        raise StagingError(f"q_options must be a dict of django-q2 options, not {q_options!r}.")
+    unknown = sorted(str(name) for name in set(q_options) - set(Q_OPTIONS))
+    if unknown:
+        raise StagingError(
+            f"Unknown django-q2 options for a staged job: {', '.join(unknown)}. "
+            f"Known: {', '.join(Q_OPTIONS)}."
+        )
+    for name, kinds in Q_OPTION_TYPES.items():
+        value = q_options.get(name)
+        if value is not None and not (
+            isinstance(value, kinds) and isinstance(value, bool) == (bool in kinds)
+        ):
+            expected = " or ".join(kind.__name__ for kind in kinds)
+            raise StagingError(f"q_options[{name!r}] must be {expected}, not {value!r}.")
+    if q_options.get("hook") is not None:
+        q_options = {**q_options, "hook": task_path(q_options["hook"], what="hook")}
+    return q_options
 
 
 def _dumps(what: str, value: Any) -> str:
@@ -111,14 +170,14 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     idempotency_key = kwargs.pop("idempotency_key", None) or ""
     alias = _alias(kwargs.pop("using", None))
     path = task_path(func)
-    unknown = sorted(set(q_options) - set(Q_OPTIONS))
-    if unknown:
-        raise StagingError(
-            f"Unknown django-q2 options for a staged job: {', '.join(unknown)}. "
-            f"Known: {', '.join(Q_OPTIONS)}."
-        )
+    q_options = check_options(q_options)
     if not isinstance(idempotency_key, str) or len(idempotency_key) > 255:
         raise StagingError("idempotency_key must be a string of at most 255 characters.")
+    if INTERNAL_KEY.match(idempotency_key):
+        raise StagingError(
+            f"idempotency_key {idempotency_key!r} has the form of the drainer's own keys "
+            "('staged:<id>'); choose another, such as 'charge:<order id>'."
+        )
     if isinstance(run_after, timedelta):
         run_after = timezone.now() + run_after
     if run_after is not None and not (
@@ -201,8 +260,9 @@ def drain(
             for row in taken:
                 try:
                     jobs.append(_job(row, guard_all))
-                except StagingError as exc:
-                    sql.keep_with_error(row, str(exc))
+                except Exception as exc:  # one bad row never holds back the others
+                    error = str(exc) if isinstance(exc, StagingError) else repr(exc)
+                    sql.keep_with_error(row, error)
                     kept += 1
                     logger.error(
                         "Staged job %s kept in the table: %s",
@@ -231,19 +291,44 @@ def drain(
 
 
 def _job(row: sql.TakenJob, guard_all: bool) -> transport.Job:
-    """The django-q2 job for a taken row; raises StagingError for a row that cannot run."""
+    """The django-q2 job for a taken row; raises StagingError for a row that cannot run.
+
+    The row is checked as ``stage_task`` checked it: someone with write access to the
+    table must not reach a function (or a ``hook``) outside the allowed modules.
+    """
     task_path(row.func)
-    options = dict(row.q_options)
+    if not isinstance(row.args, list):
+        raise StagingError(f"The arguments of a staged job must be a JSON list, not {row.args!r}.")
+    if not (isinstance(row.kwargs, dict) and all(isinstance(name, str) for name in row.kwargs)):
+        raise StagingError(
+            f"The keyword arguments of a staged job must be a JSON object, not {row.kwargs!r}."
+        )
+    options = dict(check_options(row.q_options))
     cluster = options.pop("cluster", None)
     save = options.pop("save", None)
-    if guard_all or row.idempotency_key:
-        key = row.idempotency_key or f"staged:{row.id}"
-        return transport.Job(
-            RUNNER, (key, row.func, row.args, row.kwargs), cluster, options=options, save=save
-        )
+    if row.idempotency_key:
+        args = (row.idempotency_key, row.func, row.args, row.kwargs, caller_scope(row.func))
+        return transport.Job(RUNNER, args, cluster, options=options, save=save)
+    if guard_all:
+        args = (f"staged:{row.id}", row.func, row.args, row.kwargs, GUARD_SCOPE)
+        return transport.Job(RUNNER, args, cluster, options=options, save=save)
     return transport.Job(
         row.func, tuple(row.args), cluster, kwargs=row.kwargs, options=options, save=save
     )
+
+
+def caller_scope(func: str) -> str:
+    """The idempotency scope of a caller's key: the drainer's scope and the function.
+
+    The same key staged for two functions guards two effects, and no caller key can meet
+    the drainer's own ``staged:<id>`` keys, which live in :data:`GUARD_SCOPE` itself.
+    """
+    from django_outbox.idempotency import SCOPE_MAX
+
+    scope = f"{GUARD_SCOPE}:{func}"
+    if len(scope) > SCOPE_MAX:
+        scope = f"{GUARD_SCOPE}:sha256:{hashlib.sha256(func.encode()).hexdigest()}"
+    return scope
 
 
 @dataclass(frozen=True)
@@ -275,12 +360,18 @@ def drain_until_empty(
             return DrainReport(batches, forwarded, kept, time.monotonic() - started, empty)
 
 
-def run_staged(key: str, func: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """Run a forwarded staged job once per *key*, however often it is delivered."""
+def run_staged(
+    key: str, func: str, args: list[Any], kwargs: dict[str, Any], scope: str = GUARD_SCOPE
+) -> Any:
+    """Run a forwarded staged job once per *key* in *scope*, however often it is delivered.
+
+    Jobs forwarded before keys had scopes of their own carry four arguments and keep the
+    scope they were guarded in.
+    """
     from django_outbox.idempotency import idempotent
 
     target = import_string(task_path(func))
-    with idempotent(key=key, scope=GUARD_SCOPE, store_result=False) as guard:
+    with idempotent(key=key, scope=scope, store_result=False) as guard:
         if guard.done:
             logger.info("Staged job %s already ran; this delivery is skipped.", key)
             return None

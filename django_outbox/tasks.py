@@ -41,11 +41,14 @@ def drain_staged() -> dict[str, Any]:
     return vars(drain_until_empty())
 
 
-def run_staged(key: str, func: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """Run a forwarded staged job behind its idempotency guard."""
+def run_staged(
+    key: str, func: str, args: list[Any], kwargs: dict[str, Any], scope: str | None = None
+) -> Any:
+    """Run a forwarded staged job behind its idempotency guard (*scope*: see staging)."""
+    from django_outbox.staging import GUARD_SCOPE
     from django_outbox.staging import run_staged as run
 
-    return run(key, func, args, kwargs)
+    return run(key, func, args, kwargs, scope or GUARD_SCOPE)
 
 
 def prune() -> list[dict[str, Any]]:

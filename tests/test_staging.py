@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 from datetime import timedelta
 
@@ -159,6 +160,15 @@ def test_stage_task_accepts_the_function_itself():
         (lambda: stage_task(RECORD, run_after="soon"), "run_after must be an aware datetime"),
         (lambda: stage_task(RECORD, idempotency_key=7), "idempotency_key must be a string"),
         (lambda: stage_task(""), "needs a function or its dotted path"),
+        # a function imported into an allowed module is still the other module's function
+        (lambda: stage_task("tests.testapp.jobs.import_string"), "defined outside the allowed"),
+        (lambda: stage_task(functools.partial(jobs.record, "x")), "plain module-level function"),
+        (lambda: stage_task("tests.testapp.jobs.partial_record"), "not a plain function"),
+        (lambda: stage_task(RECORD, q_options={"hook": "os.system"}), "'os.system' is not in"),
+        (lambda: stage_task(RECORD, q_options={"chain": [("os.system", "x")]}), "Unknown"),
+        (lambda: stage_task(RECORD, q_options={"timeout": "1"}), "'timeout'] must be int"),
+        (lambda: stage_task(RECORD, q_options=["hook"]), "q_options must be a dict"),
+        (lambda: stage_task(RECORD, idempotency_key="staged:4"), "the drainer's own keys"),
     ],
 )
 def test_bad_input_fails_at_stage_task_and_stages_nothing(call, message):
@@ -191,6 +201,34 @@ def test_a_row_that_can_no_longer_run_is_kept_with_its_error_and_skipped_later()
     assert "Cannot import the staged task" in kept.last_error
     assert not StagedJob.objects.filter(pk=good).exists()
     assert drain().forwarded + drain().kept == 0  # skipped until an operator fixes it
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"args": {"not": "a list"}}, "must be a JSON list"),
+        ({"args": 7}, "must be a JSON list"),
+        ({"kwargs": ["x"]}, "must be a JSON object"),
+        ({"q_options": {"hook": "os.system"}}, "'os.system' is not in an allowed module"),
+        ({"q_options": {"chain": [["os.system", ["id"]]]}}, "options for a staged job: chain"),
+        ({"q_options": {"save": "yes"}}, "'save'] must be bool"),
+        ({"func": "tests.testapp.jobs.import_string"}, "defined outside the allowed modules"),
+    ],
+)
+def test_a_row_written_behind_stage_tasks_back_is_checked_again_and_kept(change, message):
+    with without_forward_on_commit():
+        bad = stage_task(RECORD, "bad")
+        good = stage_task(RECORD, "good")
+        StagedJob.objects.filter(pk=bad).update(**change)
+
+        result = drain()
+
+    assert (result.forwarded, result.kept) == (1, 1)
+    assert [task["func"] for task in queued()] == [RECORD]
+    kept = StagedJob.objects.get()
+    assert kept.pk == bad
+    assert message in kept.last_error
+    assert {name: getattr(kept, name) for name in change} == change  # kept as it was
 
 
 def test_forwarding_sends_a_signal_with_the_count():
@@ -227,27 +265,46 @@ def test_a_keyed_job_runs_through_the_guard_and_its_effect_happens_once():
 
     [task] = queued()
     assert task["func"] == staging.RUNNER
-    assert task["args"] == ("charge:42", RECORD, ["charge", 42], {})
+    scope = f"django_outbox.staged:{RECORD}"  # a caller's key is scoped by its function
+    assert task["args"] == ("charge:42", RECORD, ["charge", 42], {}, scope)
     for _delivery in range(3):
         transport.Job(task["func"], task["args"]).run()
 
     assert list(JobEffect.objects.values_list("label", "value")) == [("charge", 42)]
 
 
-def test_a_job_whose_guarded_run_fails_runs_again_on_the_next_delivery(monkeypatch):
-    stage_task(RECORD, "retry", idempotency_key="retry:1")
+def test_a_job_whose_guarded_run_fails_runs_again_on_the_next_delivery():
+    stage_task("tests.testapp.jobs.fail_first", "retry", idempotency_key="retry:1")
     [task] = queued()
 
-    def broken(label, value=None):
-        raise Boom
-
-    monkeypatch.setattr(jobs, "record", broken)
-    with pytest.raises(Boom):
+    with pytest.raises(jobs.FirstDeliveryFails):
         transport.Job(task["func"], task["args"]).run()
-    monkeypatch.undo()
+    transport.Job(task["func"], task["args"]).run()
     transport.Job(task["func"], task["args"]).run()
 
     assert list(JobEffect.objects.values_list("label", flat=True)) == ["retry"]
+
+
+def test_a_callers_key_never_meets_another_functions_key_or_the_drainers_own(monkeypatch):
+    # A broker outside the transaction (Redis…): every drained job runs behind a guard.
+    monkeypatch.setattr(transport, "in_transaction_hand_off", lambda alias=None: False)
+    with without_forward_on_commit():
+        unkeyed = stage_task(RECORD, "unkeyed")
+        stage_task(RECORD, "a", idempotency_key="same")
+        stage_task("tests.testapp.jobs.record_kwargs", "b", idempotency_key="same")
+        with transport.capture() as captured:
+            drain()
+        keys = [(job.args[0], job.args[4]) for job in captured]
+        for job in list(captured) * 2:  # every job delivered twice
+            job.run()
+
+    assert keys == [
+        (f"staged:{unkeyed}", "django_outbox.staged"),
+        ("same", f"django_outbox.staged:{RECORD}"),
+        ("same", "django_outbox.staged:tests.testapp.jobs.record_kwargs"),
+    ]
+
+    assert sorted(JobEffect.objects.values_list("label", flat=True)) == ["a", "b", "unkeyed"]
 
 
 # outbox_drain ----------------------------------------------------------------------------

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from django.utils.module_loading import import_string  # noqa: F401 (refused if staged)
 
 from tests.testapp.models import JobEffect
 
@@ -22,6 +25,23 @@ def record_kwargs(label: str, **kwargs: Any) -> int:
 NOT_CALLABLE = 42
 
 
+class FirstDeliveryFails(Exception):
+    pass
+
+
+def fail_first(label: str) -> int:
+    """Raise on the first delivery of *label* (the cache remembers it), then record."""
+    from django.core.cache import cache
+
+    if cache.add(f"fail-first:{label}", True, None):
+        raise FirstDeliveryFails(label)
+    return record(label)
+
+
+def hook(task: Any) -> None:
+    """A django-q2 hook in an allowed module."""
+
+
 def stall_before_enqueue(sender: str, task: dict[str, Any], **kwargs: Any) -> None:
     """A django-q2 ``pre_enqueue`` receiver that parks the process mid-hand-off.
 
@@ -33,3 +53,6 @@ def stall_before_enqueue(sender: str, task: dict[str, Any], **kwargs: Any) -> No
     marker.write_text(str(os.getpid()))
     while True:
         time.sleep(60)
+
+
+partial_record = functools.partial(record, "partial")
