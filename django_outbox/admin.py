@@ -13,10 +13,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now, TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -40,12 +40,14 @@ from django_outbox.models import (
 )
 from django_outbox.process import exhaust_group
 from django_outbox.replay import replay_failed
-from django_outbox.runs import runtime_state, set_paused
+from django_outbox.runs import set_paused
 from django_outbox.staging import drain
-from django_outbox.status import all_statuses
+from django_outbox.status import COUNT_CAP, all_statuses
 
-#: Changelist counts stop here: paging a table of millions costs the same as one of 10k.
-COUNT_CAP = 10_000
+#: How many rows a filter's choices are read from and a text search looks through
+#: (the newest ones): a page of a table of millions costs what one of 10,000 does.
+#: Counts (pages, the dashboard) stop at :data:`django_outbox.status.COUNT_CAP`.
+SCAN_CAP = 10_000
 
 
 class CappedCountPaginator(Paginator):
@@ -56,8 +58,79 @@ class CappedCountPaginator(Paginator):
         return self.object_list.values("pk")[:COUNT_CAP].count()
 
 
+class StreamFilter(admin.SimpleListFilter):
+    """Filter by stream; the choices are the configured streams, not a DISTINCT scan."""
+
+    title = "stream"
+    parameter_name = "stream"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in outbox_settings().streams]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset.filter(stream=self.value()) if self.value() else queryset
+
+
+def recent_values_filter(field: str, label: str) -> type[admin.SimpleListFilter]:
+    """Filter by *field*; its choices come from the newest ``SCAN_CAP`` rows only."""
+
+    class RecentValuesFilter(admin.SimpleListFilter):
+        title = label
+        parameter_name = field
+
+        def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+            newest = model_admin.model._default_manager.order_by("-pk")
+            values = set(newest.values_list(field, flat=True)[:SCAN_CAP])
+            return [(value, value) for value in sorted(values)]
+
+        def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+            return queryset.filter(**{field: self.value()}) if self.value() else queryset
+
+    return RecentValuesFilter
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Machine-written rows: viewable, never added, edited or deleted by hand."""
+    """Machine-written rows: viewable, never added, edited or deleted by hand.
+
+    ``search_fields`` are exact matches on indexed columns (ids); ``text_search_fields``
+    are substring matches (``"=name"``: exact) on columns without an index, looked for
+    in the newest ``SCAN_CAP`` rows only, so a search never scans a whole archive.
+    """
+
+    text_search_fields: tuple[str, ...] = ()
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        # Non-empty whenever either kind exists, so the admin shows its search box.
+        return (*self.search_fields, *self.text_search_fields)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(pk__in=[])
+        for name in self.search_fields:
+            field = self.model._meta.get_field(name.lstrip("="))
+            try:
+                match |= Q(**{field.name: field.to_python(term)})
+            except (ValidationError, ValueError, TypeError):
+                continue
+        if self.text_search_fields:
+            newest = self.model._default_manager.order_by("-pk").values("pk")[:SCAN_CAP]
+            text = Q()
+            for name in self.text_search_fields:
+                if name.startswith("="):  # an exact match on a column without an index
+                    field = self.model._meta.get_field(name[1:])
+                    try:
+                        text |= Q(**{field.name: field.to_python(term)})
+                    except (ValidationError, ValueError, TypeError):
+                        continue
+                else:
+                    text |= Q(**{f"{name}__icontains": term})
+            if text:
+                match |= text & Q(pk__in=newest)
+        return queryset.filter(match), False
 
     paginator = CappedCountPaginator
     show_full_result_count = False
@@ -95,7 +168,7 @@ class BufferEventAdmin(ReadOnlyAdmin):
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(BufferEventAdmin):
     list_display = ("id", "stream", "created_at", "group_id")
-    list_filter = ("stream", ("group_id", admin.EmptyFieldListFilter))
+    list_filter = (StreamFilter, ("group_id", admin.EmptyFieldListFilter))
 
 
 class UniqueJobAdmin(ReadOnlyAdmin):
@@ -111,7 +184,8 @@ class UniqueJobAdmin(ReadOnlyAdmin):
         "short_error",
     )
     list_filter = ("state",)
-    search_fields = ("=id", "last_error")
+    search_fields = ("=id",)
+    text_search_fields = ("last_error",)
     ordering = ("-id",)
 
     @admin.display(description="last error")
@@ -148,8 +222,9 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
         "next_attempt_at",
         "short_error",
     )
-    list_filter = ("stream", "state")
-    search_fields = ("=id", "last_error")
+    list_filter = (StreamFilter, "state")
+    search_fields = ("=id",)
+    text_search_fields = ("last_error",)
     ordering = ("-created_at",)
     actions = ("retry_now", "release_lease", "dead_letter")
 
@@ -160,36 +235,47 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
         lines = group.last_error.strip().splitlines()
         return lines[-1][:120] if lines else ""
 
-    def _requeue(self, queryset: QuerySet[OutboxGroup]) -> int:
-        requeued = 0
-        for stream in sorted(set(queryset.values_list("stream", flat=True))):
+    def _requeue(self, ids: list[Any]) -> tuple[int, int]:
+        """Re-enqueue (or dead-letter, when spent) the selected groups that are due."""
+        requeued = exhausted = 0
+        chosen = OutboxGroup.objects.filter(id__in=ids)
+        for stream in sorted(set(chosen.values_list("stream", flat=True))):
             if stream in outbox_settings().streams:
-                requeued += requeue_due_groups(outbox_settings().stream(stream))[0]
-        return requeued
+                config = outbox_settings().stream(stream)
+                again, spent = requeue_due_groups(config, ids=ids)
+                requeued, exhausted = requeued + again, exhausted + spent
+        return requeued, exhausted
 
-    @admin.action(description="Retry now (retrying groups)", permissions=["operate"])
+    @admin.action(
+        description="Retry now (retrying groups; dead-lettering groups: dead-letter again)",
+        permissions=["operate"],
+    )
     def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        chosen = queryset.filter(state=GroupState.RETRYING)
+        chosen = queryset.filter(state__in=[GroupState.RETRYING, GroupState.DEAD_LETTERING])
         ids = list(chosen.values_list("id", flat=True))
         chosen.update(next_attempt_at=Now() - timedelta(seconds=1))
-        requeued = self._requeue(OutboxGroup.objects.filter(id__in=ids))
-        self.message_user(request, f"{requeued} group(s) re-enqueued for their next attempt.")
+        requeued, exhausted = self._requeue(ids)
+        self.message_user(
+            request,
+            f"{requeued} group(s) re-enqueued for their next attempt, {exhausted} dead-lettered.",
+        )
 
     @admin.action(description="Release lease (claimed or running groups)", permissions=["operate"])
     def release_lease(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
         chosen = queryset.filter(state__in=[GroupState.CLAIMED, GroupState.RUNNING])
         ids = list(chosen.values_list("id", flat=True))
         chosen.update(lease_expires_at=Now() - timedelta(seconds=1))
-        requeued = self._requeue(OutboxGroup.objects.filter(id__in=ids))
+        requeued, exhausted = self._requeue(ids)
         self.message_user(
             request,
-            f"{len(ids)} lease(s) released; {requeued} group(s) re-enqueued. A worker still "
-            "running one of them can no longer finalize it.",
+            f"{len(ids)} lease(s) released; {requeued} group(s) re-enqueued, {exhausted} "
+            "dead-lettered (their last attempt). A worker still running one of them can no "
+            "longer finalize it.",
         )
 
     @admin.action(description="Dead-letter now", permissions=["operate"])
     def dead_letter(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        rows = groups = 0
+        rows = groups = kept = 0
         error = f"dead-lettered from the admin by {request.user.get_username()}"
         for group_id in queryset.values_list("id", flat=True):
             with transaction.atomic(using=connection_for(OutboxGroup).alias):
@@ -197,11 +283,18 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
                 if group is None or group.stream not in outbox_settings().streams:
                     continue
                 config = outbox_settings().stream(group.stream)
-                rows += exhaust_group(config, group.id, max(group.attempt, 1), error)
-                groups += 1
-        self.message_user(
-            request, f"{groups} group(s), {rows} row(s) dead-lettered (see the archive)."
-        )
+                done = exhaust_group(config, group.id, max(group.attempt, 1), error)
+                if done is None:
+                    kept += 1
+                else:
+                    rows, groups = rows + done, groups + 1
+        message = f"{groups} group(s), {rows} row(s) dead-lettered (see the archive)."
+        if kept:
+            message += (
+                f" {kept} group(s) could not be dead-lettered and are kept with the error "
+                "(state dead_lettering)."
+            )
+        self.message_user(request, message, messages.WARNING if kept else messages.INFO)
 
 
 # -- archive ---------------------------------------------------------------------------
@@ -219,8 +312,14 @@ class ArchivedEventAdmin(ReadOnlyAdmin):
         "replayed_at",
         "short_error",
     )
-    list_filter = ("outcome", "stream", "archived_at", ("replayed_at", admin.EmptyFieldListFilter))
-    search_fields = ("=event_id", "=group_id", "error")
+    list_filter = (
+        "outcome",
+        StreamFilter,
+        "archived_at",
+        ("replayed_at", admin.EmptyFieldListFilter),
+    )
+    search_fields = ("=id",)
+    text_search_fields = ("=event_id", "=group_id", "error")
     date_hierarchy = None
     ordering = ("-archived_at", "-id")
     actions = ("replay",)
@@ -251,8 +350,9 @@ class ArchivedEventAdmin(ReadOnlyAdmin):
 @admin.register(StagedJob)
 class StagedJobAdmin(ReadOnlyAdmin):
     list_display = ("id", "func", "created_at", "run_after", "idempotency_key", "last_error")
-    list_filter = (("run_after", admin.EmptyFieldListFilter), "func")
-    search_fields = ("=id", "func", "idempotency_key")
+    list_filter = (("run_after", admin.EmptyFieldListFilter), recent_values_filter("func", "func"))
+    search_fields = ("=id",)
+    text_search_fields = ("func", "idempotency_key")
     ordering = ("id",)
     actions = ("forward_now",)
 
@@ -275,8 +375,9 @@ class StagedJobAdmin(ReadOnlyAdmin):
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(ReadOnlyAdmin):
     list_display = ("scope", "key", "created_at", "completed_at", "expires_at")
-    list_filter = ("scope",)
-    search_fields = ("key", "scope")
+    list_filter = (recent_values_filter("scope", "scope"),)
+    search_fields = ("=id",)
+    text_search_fields = ("key", "scope")
     ordering = ("-id",)
 
 
@@ -306,10 +407,24 @@ class StreamStateAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[StreamState]:
-        for stream in outbox_settings().streams:  # a row per configured stream
-            runtime_state(stream)
-        return super().get_queryset(request)
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Overriding a batch size changes what the pipeline does: operators only."""
+        return super().has_change_permission(request, obj) and self.has_operate_permission(request)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        # Rows are written by ``migrate`` and the pipeline, never by a page view.
+        missing = sorted(
+            set(outbox_settings().streams)
+            - set(StreamState.objects.values_list("stream", flat=True))
+        )
+        if missing and request.method == "GET":
+            self.message_user(
+                request,
+                f"No state row yet for {', '.join(missing)}: it is written by the next "
+                "`manage.py migrate` or when the stream first runs.",
+                messages.INFO,
+            )
+        return super().changelist_view(request, extra_context)
 
     def _switch(self, request: HttpRequest, queryset: QuerySet[StreamState], paused: bool) -> None:
         streams = [
@@ -371,21 +486,43 @@ def dashboard_context(can_operate: bool) -> dict[str, Any]:
     }
 
 
-def throughput(now: Any) -> dict[str, dict[tuple[int, str], int]]:
-    """Rows archived per stream, minute (0 = the current one) and outcome, last hour."""
-    rows = (
-        ArchivedEvent.objects.filter(archived_at__gte=now - timedelta(hours=1))
-        .annotate(minute=TruncMinute("archived_at"))
-        .values("stream", "minute", "outcome")
-        .annotate(n=Count("id"))
-    )
-    result: dict[str, dict[tuple[int, str], int]] = {}
+def throughput(now: Any, cap: int | None = None) -> dict[str, dict[tuple[int, str], int]]:
+    """Rows archived per stream, minute (0 = the current one) and outcome, last hour.
+
+    Each stream and outcome counts at most its newest ``COUNT_CAP`` rows of the hour
+    (an index-only range of ``outbox_archive_outcome_at``): when the hour holds more,
+    the minutes before the newest ``COUNT_CAP`` rows are left out, marked ``(m, "capped")``.
+    """
+    cap = COUNT_CAP if cap is None else cap
+    hour_ago = now - timedelta(hours=1)
     current = now.replace(second=0, microsecond=0)
-    for row in rows:
-        ago = int((current - row["minute"]).total_seconds() // 60)
-        if 0 <= ago < 60:
-            result.setdefault(row["stream"], {})[(ago, row["outcome"])] = row["n"]
+    result: dict[str, dict[tuple[int, str], int]] = {}
+    for stream in outbox_settings().streams:
+        counts = result.setdefault(stream, {})
+        for outcome in (Outcome.DONE, Outcome.FAILED):
+            rows = ArchivedEvent.objects.filter(
+                stream=stream, outcome=outcome, archived_at__gte=hour_ago
+            )
+            newest = rows.order_by("-archived_at").values_list("archived_at", flat=True)
+            boundary = newest[cap : cap + 1].first()
+            if boundary is not None:  # more than the cap: count the newest rows only
+                rows = rows.filter(archived_at__gt=boundary)
+                counts[(_minutes_ago(current, boundary), "capped")] = 1
+            per_minute = (
+                rows.annotate(minute=TruncMinute("archived_at"))
+                .values_list("minute")
+                .annotate(n=Count("id"))
+                .order_by()
+            )
+            for minute, n in per_minute:
+                ago = _minutes_ago(current, minute)
+                if 0 <= ago < 60:
+                    counts[(ago, str(outcome))] = n
     return result
+
+
+def _minutes_ago(current: Any, moment: Any) -> int:
+    return int((current - moment.replace(second=0, microsecond=0)).total_seconds() // 60)
 
 
 def chart_svg(counts: dict[tuple[int, str], int], now: Any) -> SafeString:
@@ -393,6 +530,17 @@ def chart_svg(counts: dict[tuple[int, str], int], now: Any) -> SafeString:
     width, height, bar = 600, 90, 10
     peak = max(
         (counts.get((m, "done"), 0) + counts.get((m, "failed"), 0) for m in range(60)), default=0
+    )
+    capped = min((m for m, kind in counts if kind == "capped"), default=None)
+    note = (
+        format_html(
+            '<text x="2" y="22" font-size="10" fill="#666">not counted from {} min ago: '
+            "more than {} rows</text>",
+            capped,
+            f"{COUNT_CAP:,}",
+        )
+        if capped is not None
+        else ""
     )
     scale = (height - 14) / peak if peak else 0
     bars = []
@@ -417,13 +565,14 @@ def chart_svg(counts: dict[tuple[int, str], int], now: Any) -> SafeString:
     return format_html(
         '<svg class="outbox-chart" width="{}" height="{}" viewBox="0 0 {} {}" role="img" '
         'aria-label="rows archived per minute, last hour">'
-        '<text x="2" y="10" font-size="10" fill="#666">peak {}/min</text>{}'
+        '<text x="2" y="10" font-size="10" fill="#666">peak {}/min</text>{}{}'
         '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="#ccc"/></svg>',
         width,
         height,
         width,
         height,
         peak,
+        note,
         rects,
         height,
         width,

@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 from django_outbox.conf import (
     GLOBAL_DEFAULTS,
     IDEMPOTENCY_DEFAULTS,
+    MAX_BATCH_SIZE,
     REMOVED_STREAM_OPTIONS,
     SETTING_NAME,
     STAGING_DEFAULTS,
@@ -179,6 +180,16 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
                     id="django_outbox.E030",
                 )
             )
+    if _is_positive_int(merged["BATCH_SIZE"]) and merged["BATCH_SIZE"] > MAX_BATCH_SIZE:
+        errors.append(
+            Error(
+                f"{where}['BATCH_SIZE'] is {merged['BATCH_SIZE']:,}, above the most a stream "
+                f"may claim at once ({MAX_BATCH_SIZE:,}).",
+                hint="One claim locks and one handler call holds that many rows: give at most "
+                f"{MAX_BATCH_SIZE:,} (a few hundred to a few thousand is usual).",
+                id="django_outbox.E039",
+            )
+        )
     for option in ("ARCHIVE_RETENTION_DAYS", "ARCHIVE_FAILED_RETENTION_DAYS"):
         if merged[option] is not None and not _is_positive_int(merged[option]):
             errors.append(

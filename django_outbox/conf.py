@@ -25,6 +25,10 @@ GENERIC_MODEL = "django_outbox.OutboxEvent"
 #: A stream's name: 1 to 64 lowercase letters, digits, "_" or "-" (no trailing newline).
 STREAM_NAME = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 
+#: The largest batch a stream may claim (``BATCH_SIZE``, or an operator's override):
+#: one claim statement holds this many row locks and one handler call this many rows.
+MAX_BATCH_SIZE = 100_000
+
 STREAM_DEFAULTS: dict[str, Any] = {
     "HANDLER": None,
     "MODEL": GENERIC_MODEL,

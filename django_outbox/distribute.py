@@ -7,6 +7,8 @@ process). Work otherwise starts on commit (see :mod:`django_outbox.runs`).
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,7 +20,7 @@ from django_outbox import transport
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.models import GroupState, OutboxGroup
-from django_outbox.process import exhaust_group
+from django_outbox.process import exhaust_group, group_error
 from django_outbox.runs import effective_batch_size, runtime_state, start_backlog_runs
 
 #: At most this many due groups are rescued per stream and distribute.
@@ -69,35 +71,47 @@ def distribute_all() -> list[DistributeResult]:
     return [distribute(name) for name in outbox_settings().streams]
 
 
-def requeue_due_groups(config: StreamConfig) -> tuple[int, int]:
-    """Re-enqueue groups whose retry is due or whose lease expired.
+def requeue_due_groups(
+    config: StreamConfig, *, ids: Collection[uuid.UUID] | None = None
+) -> tuple[int, int]:
+    """Re-enqueue groups whose retry is due or whose lease expired (of *ids*, if given).
 
     A group whose worker died while running it has used an attempt; when that was its
     last one, it is exhausted instead of run again, so a group that kills its worker
     cannot loop forever. Returns (re-enqueued, exhausted).
     """
     lease = timedelta(seconds=config.lease_seconds)
-    due = Q(state=GroupState.RETRYING, next_attempt_at__lte=Now()) | Q(
-        state__in=[GroupState.CLAIMED, GroupState.RUNNING], lease_expires_at__lt=Now()
-    )
+    due = Q(
+        state__in=[GroupState.RETRYING, GroupState.DEAD_LETTERING], next_attempt_at__lte=Now()
+    ) | Q(state__in=[GroupState.CLAIMED, GroupState.RUNNING], lease_expires_at__lt=Now())
+    if ids is not None:
+        due &= Q(id__in=list(ids))
     requeued: list[str] = []
     exhausted = 0
     with transaction.atomic(using=connection_for(OutboxGroup).alias):
         groups = list(
             OutboxGroup.objects.select_for_update(skip_locked=True)
             .filter(due, stream=config.name)
-            .values("id", "state", "attempt")[:RESCUE_LIMIT]
+            .values("id", "state", "attempt", "last_error", "row_errors")[:RESCUE_LIMIT]
         )
         spent = [
             g
             for g in groups
-            if g["state"] == GroupState.RUNNING and g["attempt"] >= config.max_attempts
+            if g["state"] == GroupState.DEAD_LETTERING
+            or (g["state"] == GroupState.RUNNING and g["attempt"] >= config.max_attempts)
         ]
         for group in spent:
-            exhaust_group(
-                config, group["id"], group["attempt"], "lease expired on the last attempt"
+            # Each group in a savepoint of its own: one that cannot be dead-lettered is
+            # kept with its error and the others go on.
+            error = (
+                group_error(group["last_error"])
+                if group["state"] == GroupState.DEAD_LETTERING
+                else "lease expired on the last attempt"
             )
-            exhausted += 1
+            rows = exhaust_group(
+                config, group["id"], group["attempt"], error, row_errors=group["row_errors"]
+            )
+            exhausted += rows is not None
         again = [g["id"] for g in groups if g not in spent]
         if again:
             OutboxGroup.objects.filter(id__in=again).update(

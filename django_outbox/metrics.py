@@ -5,7 +5,8 @@ with any number of worker processes and machines, and every query is bounded: co
 stop at ``COUNT_CAP`` (as ``outbox_status`` does) and use the tables' indexes.
 
 Expose them with the view (``path("outbox/", include("django_outbox.urls"))`` serves
-``/outbox/metrics``), open to staff users and to requests that carry
+``/outbox/metrics``), open to users with the ``django_outbox.view_streamstate``
+permission (the dashboard's) and to requests that carry
 ``Authorization: Bearer <DJANGO_OUTBOX["METRICS_TOKEN"]>``; or register
 :class:`OutboxCollector` in a registry of your own.
 """
@@ -22,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django_outbox.conf import outbox_settings
 from django_outbox.status import COUNT_CAP, all_statuses
 
-GROUP_STATES = ("claimed", "running", "retrying")
+GROUP_STATES = ("claimed", "running", "retrying", "dead_lettering")
 
 
 class OutboxCollector:
@@ -116,10 +117,14 @@ def render() -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
+#: The permission a logged-in user needs to read the metrics (the dashboard's own).
+VIEW_PERMISSION = "django_outbox.view_streamstate"
+
+
 def allowed(request: HttpRequest) -> bool:
-    """Staff users, or the bearer of ``METRICS_TOKEN`` when one is set."""
+    """Users who may view the outbox dashboard, or the bearer of ``METRICS_TOKEN``."""
     user = getattr(request, "user", None)
-    if user is not None and user.is_active and user.is_staff:
+    if user is not None and user.is_active and user.has_perm(VIEW_PERMISSION):
         return True
     token = outbox_settings().metrics_token
     header = request.headers.get("Authorization", "")
@@ -129,7 +134,8 @@ def allowed(request: HttpRequest) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not allowed(request):
         return HttpResponseForbidden(
-            "Staff login or 'Authorization: Bearer <METRICS_TOKEN>' required.\n",
+            f"A login with the {VIEW_PERMISSION} permission or 'Authorization: Bearer "
+            "<METRICS_TOKEN>' required.\n",
             content_type="text/plain",
         )
     try:

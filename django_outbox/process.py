@@ -31,7 +31,7 @@ from django.db.models.functions import Now
 from django_outbox.backoff import backoff_seconds
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for, start_attempt
-from django_outbox.db.transient import retry_transient
+from django_outbox.db.transient import is_transient, retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.models import GroupState, OutboxGroup, Outcome
 from django_outbox.signals import group_exhausted, group_failed, group_processed, send_on_commit
@@ -39,6 +39,8 @@ from django_outbox.signals import group_exhausted, group_failed, group_processed
 logger = logging.getLogger("django_outbox")
 
 ERROR_LIMIT = 4000
+#: How a group's ``last_error`` notes that dead-lettering it failed.
+DEAD_LETTERING_FAILED = "Dead-lettering failed"
 
 
 class ProcessOutcome(enum.StrEnum):
@@ -46,6 +48,7 @@ class ProcessOutcome(enum.StrEnum):
     PARTIAL = "partial"
     RETRYING = "retrying"
     EXHAUSTED = "exhausted"
+    KEPT = "kept"  # exhausted, but dead-lettering failed: kept for distribute to retry
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
 
@@ -171,7 +174,37 @@ def _call_handler(batch: Batch) -> BatchResult | None:
             f"The handler of stream {batch.stream!r} returned {type(result).__name__}; "
             "return None when every row is done or a BatchResult naming the failed rows."
         )
+    if result is not None and result.failed:
+        return BatchResult(_checked_failures(batch, result.failed))
     return result
+
+
+def _checked_failures(batch: Batch, failed: Any) -> dict[int, str]:
+    """The failures of a BatchResult by row id; a ValueError names what is wrong.
+
+    Raised inside the attempt, the error makes the attempt a failed one, recorded on the
+    group like any handler error.
+    """
+    where = f"The handler of stream {batch.stream!r} returned a BatchResult whose failed"
+    if not isinstance(failed, Mapping):
+        raise ValueError(f"{where} is a {type(failed).__name__}, not a dict of row id to error.")
+    checked: dict[int, str] = {}
+    bad: list[Any] = []
+    for key, error in failed.items():
+        try:
+            if isinstance(key, bool) or not isinstance(key, (int, str)):
+                raise ValueError
+            checked[int(key)] = str(error)
+        except ValueError:
+            bad.append(key)
+    strangers = sorted(set(checked) - set(batch.ids))
+    if bad or strangers:
+        named = ", ".join(repr(key) for key in [*bad, *strangers][:10])
+        raise ValueError(
+            f"{where} names {len(bad) + len(strangers)} key(s) that are not ids of the "
+            f"group's rows: {named}. Name failed rows by their id (batch.ids, row['id'])."
+        )
+    return checked
 
 
 def _run_transactional(batch: Batch) -> ProcessOutcome:
@@ -243,7 +276,7 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
         return ProcessOutcome.DONE
     remaining = batch.model._default_manager.filter(group_id=batch.group_id).count()
     if remaining == 0:
-        # The handler named rows that are not in the group: nothing is left to retry.
+        # The failed rows were deleted meanwhile (by the handler, say): nothing to retry.
         OutboxGroup.objects.filter(id=batch.group_id).delete()
         return ProcessOutcome.DONE
     summary = f"{remaining} of the group's rows failed"
@@ -280,10 +313,10 @@ def _record_failure(
 ) -> ProcessOutcome:
     config = batch.config
     if permanent or batch.attempt >= config.max_attempts:
-        exhaust_group(
+        rows = exhaust_group(
             config, batch.group_id, batch.attempt, error, row_errors=row_errors, batch=batch
         )
-        return ProcessOutcome.EXHAUSTED
+        return ProcessOutcome.KEPT if rows is None else ProcessOutcome.EXHAUSTED
     delay = backoff_seconds(batch.attempt, config.backoff_seconds, config.backoff_max_seconds)
     changes: dict[str, Any] = {
         "state": GroupState.RETRYING,
@@ -317,37 +350,88 @@ def exhaust_group(
     *,
     row_errors: Mapping[str, str] | None = None,
     batch: Batch | None = None,
-) -> int:
+) -> int | None:
     """Dead-letter a group: run ``ON_EXHAUSTED``, archive its rows as failed, delete it.
 
     Runs inside the caller's transaction, which holds the group. The hook gets the
     batch (its rows are still in the buffer) and the error, inside a savepoint: if it
-    raises, its own writes are rolled back, the error is logged, and the rows are
-    dead-lettered all the same. The rows are archived even when the stream's
-    ``ARCHIVE`` is off: a dead letter is kept for an operator to replay. Returns the
-    number of rows dead-lettered.
+    cannot be imported or raises, its own writes are rolled back, the error is logged,
+    and the rows are dead-lettered all the same. The rows are archived even when the
+    stream's ``ARCHIVE`` is off: a dead letter is kept for an operator to replay.
+    Returns the number of rows dead-lettered.
+
+    The whole of it runs in a savepoint of its own: when dead-lettering itself fails
+    (a buffer column the archive cannot hold, say), that one group is kept with its rows
+    in state ``dead_lettering``, the error is recorded on it, distribute tries again
+    after ``BACKOFF_MAX_SECONDS``, and the caller carries on with its other groups.
+    Returns ``None`` then. Transient database errors are raised for the caller's retry.
     """
-    _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
-    rows = buffer_ops(config.model_class).archive_group(
-        group_id,
-        stream=config.name,
-        outcome=Outcome.FAILED,
-        attempts=attempt,
-        error=error[:ERROR_LIMIT],
-        row_errors=row_errors,
-    )
-    OutboxGroup.objects.filter(id=group_id).delete()
+    alias = connection_for(OutboxGroup).alias
+    try:
+        with transaction.atomic(using=alias):
+            _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
+            rows = buffer_ops(config.model_class).archive_group(
+                group_id,
+                stream=config.name,
+                outcome=Outcome.FAILED,
+                attempts=attempt,
+                error=error[:ERROR_LIMIT],
+                row_errors=row_errors,
+            )
+            OutboxGroup.objects.filter(id=group_id).delete()
+    except Exception as exc:
+        if is_transient(exc, alias):
+            raise
+        _keep_undead(config, group_id, error, row_errors, exc)
+        return None
     send_on_commit(
         group_exhausted, config.name, group_id=group_id, attempt=attempt, rows=rows, error=error
     )
     return rows
 
 
+def _keep_undead(
+    config: StreamConfig,
+    group_id: uuid.UUID,
+    error: str,
+    row_errors: Mapping[str, str] | None,
+    exc: Exception,
+) -> None:
+    """Keep a group whose dead-lettering failed, its rows and both errors, for later."""
+    logger.error(
+        "Dead-lettering group %s of stream %s failed; the group and its rows are kept "
+        "(state dead_lettering) and distribute tries again in %s s",
+        group_id,
+        config.name,
+        config.backoff_max_seconds,
+        exc_info=exc,
+        extra={"stream": config.name, "group_id": str(group_id)},
+    )
+    reason = (
+        f"{group_error(error)[: ERROR_LIMIT // 2]}\n\n{DEAD_LETTERING_FAILED}: {_describe(exc)}"
+    )
+    changes: dict[str, Any] = {
+        "state": GroupState.DEAD_LETTERING,
+        "lease_expires_at": None,
+        "next_attempt_at": Now() + timedelta(seconds=config.backoff_max_seconds),
+        "last_error": reason[:ERROR_LIMIT],
+        "updated_at": Now(),
+    }
+    if row_errors:
+        changes["row_errors"] = dict(row_errors)
+    OutboxGroup.objects.filter(id=group_id).update(**changes)
+
+
+def group_error(last_error: str) -> str:
+    """The group's own error in *last_error*, without a failed dead-lettering's note."""
+    return last_error.split(f"\n\n{DEAD_LETTERING_FAILED}: ", 1)[0]
+
+
 def _run_on_exhausted(config: StreamConfig, batch: Batch, error: str) -> None:
-    hook = config.on_exhausted_func()
-    if hook is None:
-        return
     try:
+        hook = config.on_exhausted_func()
+        if hook is None:
+            return
         with transaction.atomic(using=connection_for(OutboxGroup).alias):
             hook(batch, error)
     except Exception:

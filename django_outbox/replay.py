@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from datetime import datetime
+from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
@@ -41,16 +42,18 @@ def dead_letters(
 
 
 def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counter:
-    """Publish *rows* into their streams' buffers again; return the count per stream.
+    """Publish the dead letters among *rows* into their buffers again; count per stream.
 
-    Rows go back in their original order (by their old buffer id). Each chunk is one
-    transaction: new buffer rows built from the snapshots (fresh id, creation time and
-    no group) and the archive rows marked ``replayed_at``, so a dead
-    letter is replayed once however often this runs. A stream that is no longer
-    configured raises :class:`~django_outbox.exceptions.UnknownStream` before anything
-    changes.
+    Only failed rows not replayed yet are replayed, whatever *rows* holds: done rows and
+    rows replayed before are left alone. Rows go back in their original order (by their
+    old buffer id). Each chunk is one transaction that locks its archive rows, writes
+    new buffer rows built from the snapshots (fresh id, creation time and no group) and
+    marks the archive rows ``replayed_at``, so a dead letter is replayed once however
+    often, and however concurrently, this runs. A stream that is no longer configured
+    raises :class:`~django_outbox.exceptions.UnknownStream` before anything changes.
     """
-    streams = sorted(set(rows.values_list("stream", flat=True).distinct()))
+    rows = rows.filter(outcome=Outcome.FAILED, replayed_at__isnull=True)
+    streams = sorted(set(rows.order_by().values_list("stream", flat=True).distinct()))
     configs = {name: get_stream(name) for name in streams}
     replayed: Counter = Counter()
     for name, config in configs.items():
@@ -67,7 +70,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
                 if not batch:
                     break
                 model._default_manager.bulk_create(
-                    model(**{f.attname: f.to_python(data.get(f.column)) for f in fields})
+                    model(**{f.attname: _value(f, data.get(f.column)) for f in fields})
                     for _, data in batch
                 )
                 ArchivedEvent.objects.filter(id__in=[pk for pk, _ in batch]).update(
@@ -76,3 +79,10 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
                 send_on_commit(rows_replayed, name, rows=len(batch))
             replayed[name] += len(batch)
     return replayed
+
+
+def _value(field: models.Field, value: Any) -> Any:
+    """A buffer column's value from its snapshot (binary columns are ``\\x`` hex text)."""
+    if isinstance(field, models.BinaryField) and isinstance(value, str) and value.startswith("\\x"):
+        return bytes.fromhex(value[2:])
+    return field.to_python(value)

@@ -81,6 +81,13 @@ def runtime_state(stream: str) -> StreamState:
     return state
 
 
+def create_state_rows(using: str | None = None, **kwargs: object) -> None:
+    """Write a state row for every configured stream that has none (after ``migrate``)."""
+    streams = outbox_settings().streams
+    manager = StreamState.objects.db_manager(using)
+    manager.bulk_create([StreamState(stream=name) for name in streams], ignore_conflicts=True)
+
+
 def effective_batch_size(config: StreamConfig, state: StreamState | None) -> int:
     """The stream's batch size: the operator's override when set, else ``BATCH_SIZE``."""
     if state is not None and state.batch_size_override:

@@ -13,6 +13,9 @@ Every signal is sent with ``sender`` = the stream name and these keyword argumen
 ``rows_replayed``
     ``stream``, ``rows`` (re-published into the buffer).
 
+A receiver that raises is logged (ERROR, with its traceback) and changes nothing else:
+the other receivers and the commit's other callbacks still run.
+
 ``staged_jobs_forwarded`` is sent with ``sender`` = ``"django_outbox.staged"`` and
 ``count`` (jobs handed to django-q2), ``duration`` (seconds of the batch).
 
@@ -66,7 +69,7 @@ def send_on_commit(signal: Signal, stream: str, using: str | None = None, **kwar
     """Send (and log) *signal* once the current transaction commits (at once outside one)."""
 
     def send() -> None:
-        signal.send(sender=stream, stream=stream, **kwargs)
+        send_robust(signal, stream, stream=stream, **kwargs)
         if signal in LOGGED:
             level, message = LOGGED[signal]
             fields = {"stream": stream, **kwargs}
@@ -75,6 +78,22 @@ def send_on_commit(signal: Signal, stream: str, using: str | None = None, **kwar
             logger.log(level, message.format(**fields), extra=fields)
 
     transaction.on_commit(send, using=using)
+
+
+def send_robust(signal: Signal, sender: str, **kwargs: Any) -> None:
+    """Send *signal* to every receiver; one that raises is logged and the others still run.
+
+    Sent from on-commit callbacks: a raising receiver must abort neither the receivers
+    after it nor the other callbacks of the commit (the run loop's wake among them).
+    """
+    for receiver, result in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "A receiver of a django_outbox signal raised: %r (sender %s)",
+                receiver,
+                sender,
+                exc_info=result,
+            )
 
 
 def last_line(error: str) -> str:

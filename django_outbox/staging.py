@@ -42,7 +42,7 @@ from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
 from django_outbox.jsondata import dumps
-from django_outbox.signals import staged_jobs_forwarded
+from django_outbox.signals import send_robust, staged_jobs_forwarded
 
 logger = logging.getLogger("django_outbox")
 
@@ -104,8 +104,7 @@ def task_path(func: str | Callable[..., Any], what: str = "staged task") -> str:
     if not inspect.isfunction(target):
         kind = "not callable" if not callable(target) else "not a plain function"
         raise StagingError(
-            f"The {what} {path!r} is {kind}: stage a module-level function of an allowed "
-            "module."
+            f"The {what} {path!r} is {kind}: stage a module-level function of an allowed module."
         )
     own = f"{target.__module__}.{target.__qualname__}"
     if not staging.allows(own):
@@ -282,8 +281,8 @@ def drain(
             extra={"count": forwarded, "duration": seconds},
         )
         transaction.on_commit(
-            lambda: staged_jobs_forwarded.send(
-                sender=GUARD_SCOPE, count=forwarded, duration=seconds
+            lambda: send_robust(
+                staged_jobs_forwarded, GUARD_SCOPE, count=forwarded, duration=seconds
             ),
             using=alias,
         )

@@ -30,6 +30,7 @@ class StreamStatus:
     groups_claimed: int
     groups_running: int
     groups_retrying: int
+    groups_dead_lettering: int
     archived_last_hour: int
     failed_last_hour: int
     runs_in_flight: int
@@ -71,6 +72,7 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         groups_claimed=groups.get(GroupState.CLAIMED, 0),
         groups_running=groups.get(GroupState.RUNNING, 0),
         groups_retrying=groups.get(GroupState.RETRYING, 0),
+        groups_dead_lettering=groups.get(GroupState.DEAD_LETTERING, 0),
         archived_last_hour=recent.filter(outcome=Outcome.DONE)[:cap].count(),
         failed_last_hour=recent.filter(outcome=Outcome.FAILED)[:cap].count(),
         runs_in_flight=runs_in_flight(stream),

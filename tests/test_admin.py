@@ -9,7 +9,8 @@ from blogs.models import Blog, RebuildBlogFeed
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
-from django.db import transaction
+from django.core.management import call_command
+from django.db import IntegrityError, transaction
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -123,6 +124,63 @@ def test_the_dashboard_shows_each_stream_its_chart_and_staged_jobs(admin_client,
     assert audit["status"].groups_retrying == 1
 
 
+def archived(n: int, minutes_ago: int, stream: str = "audit", **fields) -> None:
+    """*n* done rows archived a second apart within the minute *minutes_ago* minutes ago."""
+    minute = timezone.now().replace(second=30, microsecond=0) - timedelta(minutes=minutes_ago)
+    ArchivedEvent.objects.bulk_create(
+        ArchivedEvent(
+            stream=stream,
+            event_id=i,
+            data={"id": i},
+            created_at=minute,
+            archived_at=minute - timedelta(seconds=i),
+            outcome=Outcome.DONE,
+            **fields,
+        )
+        for i in range(n)
+    )
+
+
+def test_the_throughput_chart_counts_at_most_the_cap_per_stream_and_says_so():
+    from django_outbox.admin import chart_svg, throughput
+    from django_outbox.db import database_now
+
+    archived(4, minutes_ago=30)
+    archived(3, minutes_ago=2)
+    now = database_now("default")
+
+    full = throughput(now, cap=100)["audit"]
+    capped = throughput(now, cap=5)["audit"]
+
+    assert (full[(30, "done")], full[(2, "done")]) == (4, 3)
+    assert (30, "capped") not in full
+    assert (capped[(30, "done")], capped[(2, "done")]) == (2, 3)  # the newest 5 rows
+    assert (30, "capped") in capped
+    assert "not counted from 30 min ago" in chart_svg(capped, now)
+
+
+def test_filters_list_configured_streams_and_searches_look_at_the_newest_rows_only(
+    admin_client, monkeypatch
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    archived(3, minutes_ago=50, error="old timeout")
+    archived(3, minutes_ago=1, error="new timeout")
+    oldest = ArchivedEvent.objects.order_by("id").first()
+    monkeypatch.setattr("django_outbox.admin.SCAN_CAP", 3)
+    url = reverse("admin:django_outbox_archivedevent_changelist")
+
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(url)
+    assert not any("DISTINCT" in q["sql"] for q in queries.captured_queries)
+    assert 'href="?stream=marketing"' in page.content.decode()  # no row, still a choice
+    found = admin_client.get(url, {"q": "timeout"}).context["cl"].result_list
+    assert {row.error for row in found} == {"new timeout"}
+    by_id = admin_client.get(url, {"q": str(oldest.pk)}).context["cl"].result_list
+    assert [row.pk for row in by_id] == [oldest.pk]  # an id is found however old
+
+
 def test_machine_written_rows_cannot_be_added_changed_or_deleted(admin_client, data):
     group = OutboxGroup.objects.get()
     assert admin_client.get(reverse("admin:django_outbox_outboxgroup_add")).status_code == 403
@@ -170,6 +228,23 @@ def test_retry_now_requeues_a_retrying_group(admin_client, data):
     group.refresh_from_db()
     assert group.state == GroupState.CLAIMED
     assert OrmQ.objects.count() == 1  # its process job
+
+
+def test_retry_now_acts_on_the_selected_groups_only(admin_client, data):
+    chosen = OutboxGroup.objects.get(state=GroupState.RETRYING)
+    other = OutboxGroup.objects.create(
+        stream="audit",
+        size=1,
+        state=GroupState.RETRYING,
+        attempt=1,
+        next_attempt_at=timezone.now() - timedelta(seconds=5),  # due, but not selected
+    )
+
+    act(admin_client, "outboxgroup", "retry_now", [chosen.pk])
+
+    assert OutboxGroup.objects.get(pk=chosen.pk).state == GroupState.CLAIMED
+    assert OutboxGroup.objects.get(pk=other.pk).state == GroupState.RETRYING
+    assert OrmQ.objects.count() == 1
 
 
 def test_release_lease_hands_a_running_group_to_a_new_attempt(admin_client, data):
@@ -228,6 +303,46 @@ def test_a_batch_size_override_is_editable_and_obeyed(admin_client):
         publish_many("audit", [{"n": n} for n in range(7)])
     runner.drain()
     assert ArchivedEvent.objects.values("group_id").distinct().count() == 3
+
+
+def test_the_stream_state_changelist_writes_nothing_and_migrate_adds_missing_rows(admin_client):
+    StreamState.objects.all().delete()
+
+    response = admin_client.get(reverse("admin:django_outbox_streamstate_changelist"))
+
+    assert response.status_code == 200
+    assert not StreamState.objects.exists()
+    assert "No state row yet for audit, marketing" in response.content.decode()
+    call_command("migrate", verbosity=0)
+    assert set(StreamState.objects.values_list("stream", flat=True)) == {"audit", "marketing"}
+
+
+@pytest.mark.parametrize("value", ["0", "100001"])
+def test_a_batch_size_override_outside_its_bounds_is_refused(admin_client, value):
+    response = admin_client.post(
+        reverse("admin:django_outbox_streamstate_change", args=["audit"]),
+        {"batch_size_override": value},
+    )
+
+    assert response.status_code == 200  # the form again, with its error
+    assert "Ensure this value is" in response.content.decode()
+    assert StreamState.objects.get(stream="audit").batch_size_override is None
+    with pytest.raises(IntegrityError), transaction.atomic():
+        StreamState.objects.filter(stream="audit").update(batch_size_override=int(value))
+
+
+def test_changing_a_batch_size_needs_the_operate_permission(client):
+    user = User.objects.create_user("editor", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_streamstate", "change_streamstate"])
+    )
+    client.force_login(user)
+    change = reverse("admin:django_outbox_streamstate_change", args=["audit"])
+
+    assert client.post(change, {"batch_size_override": "3"}).status_code == 403
+    assert StreamState.objects.get(stream="audit").batch_size_override is None
+    changelist = client.get(reverse("admin:django_outbox_streamstate_changelist"))
+    assert 'name="form-0-batch_size_override"' not in changelist.content.decode()
 
 
 # -- a view-only staff user ----------------------------------------------------------------

@@ -304,6 +304,21 @@ def test_batch_size_that_is_not_a_positive_integer_is_e030(value):
         ]
 
 
+def test_a_batch_size_above_the_bound_is_e039_and_the_bound_itself_is_accepted():
+    with override_settings(DJANGO_OUTBOX=one_stream(BATCH_SIZE=100_000)):
+        assert outbox_messages() == []
+    with override_settings(DJANGO_OUTBOX=one_stream(BATCH_SIZE=100_001)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E039",
+                f"{WHERE}['BATCH_SIZE'] is 100,001, above the most a stream may claim at once "
+                "(100,000).",
+                "One claim locks and one handler call holds that many rows: give at most "
+                "100,000 (a few hundred to a few thousand is usual).",
+            )
+        ]
+
+
 @pytest.mark.parametrize(
     ("option", "default"),
     [

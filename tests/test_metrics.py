@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import transaction
 from django.test import override_settings
 from django_q.models import OrmQ
@@ -33,14 +33,26 @@ def samples(body: bytes) -> dict[tuple[str, tuple], float]:
 
 @pytest.fixture
 def staff_client(client):
-    client.force_login(User.objects.create_user("ops", is_staff=True))
+    user = User.objects.create_user("ops", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_streamstate"))
+    client.force_login(user)
     return client
 
 
-def test_anonymous_and_non_staff_users_are_refused(client):
+def test_anonymous_users_and_users_without_the_view_permission_are_refused(client):
     assert client.get(URL).status_code == 403
     client.force_login(User.objects.create_user("someone"))
     assert client.get(URL).status_code == 403
+    client.force_login(User.objects.create_user("staff-elsewhere", is_staff=True))
+    response = client.get(URL)
+    assert response.status_code == 403
+    assert b"django_outbox.view_streamstate" in response.content
+
+
+def test_a_superuser_and_a_user_with_the_view_permission_may_scrape(client, staff_client):
+    assert staff_client.get(URL).status_code == 200
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "x"))
+    assert client.get(URL).status_code == 200
 
 
 def test_a_bearer_token_is_accepted_only_when_configured_and_equal(client):

@@ -156,6 +156,39 @@ def test_a_handler_returning_something_else_fails_the_group_with_a_clear_error(h
     assert OutboxEvent.objects.count() == 1
 
 
+def test_a_batch_result_naming_rows_outside_the_group_is_a_failed_attempt(handler_mode):
+    publish_many("audit", [{"n": n} for n in range(3)])
+    result = claim()
+    handler_mode("bad-keys")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.RETRYING
+
+    group = OutboxGroup.objects.get(pk=result.group_id)
+    assert (group.state, group.attempt) == (GroupState.RETRYING, 1)
+    assert "names 2 key(s) that are not ids of the group's rows: 'first', 1000000000000" in (
+        group.last_error
+    )
+    assert OutboxEvent.objects.filter(group_id=result.group_id).count() == 3
+    assert not ArchivedEvent.objects.exists()
+
+
+@override_settings(
+    DJANGO_OUTBOX={"STREAMS": {"audit": {**AUDIT, "ON_EXHAUSTED": "tests.testapp.gone.hook"}}}
+)
+def test_an_on_exhausted_hook_that_cannot_be_imported_is_logged_and_the_rows_dead_lettered(
+    handler_mode, caplog
+):
+    publish_many("audit", [{"n": n} for n in range(2)])
+    result = claim()
+    handler_mode("permanent")
+
+    assert process_group("audit", result.group_id) is ProcessOutcome.EXHAUSTED
+
+    assert ArchivedEvent.objects.filter(outcome=Outcome.FAILED).count() == 2
+    assert not OutboxGroup.objects.exists()
+    assert "ON_EXHAUSTED hook of stream audit failed" in caplog.text
+
+
 def test_a_duplicate_delivery_of_the_process_job_is_a_no_op():
     publish_many("audit", [{"n": i} for i in range(3)])
     result = claim()
@@ -378,6 +411,37 @@ def test_signals_report_processed_failed_and_exhausted_groups(
         ("group_failed", "audit", 1, 1),
         ("group_exhausted", "audit", 1, 2),
     ]
+
+
+def test_a_raising_receiver_stops_neither_the_others_nor_the_commits_other_callbacks(
+    django_capture_on_commit_callbacks, caplog
+):
+    from django_outbox import signals
+
+    received, after = [], []
+
+    def broken(sender, **kwargs):
+        raise RuntimeError("receiver exploded")
+
+    def working(sender, **kwargs):
+        received.append(kwargs["rows"])
+
+    signals.group_processed.connect(broken)
+    signals.group_processed.connect(working)
+    try:
+        publish_many("audit", [{"n": n} for n in range(3)])
+        result = claim()
+        with django_capture_on_commit_callbacks(execute=True):
+            process_group("audit", result.group_id)
+            connection.on_commit(lambda: after.append("ran"))
+    finally:
+        signals.group_processed.disconnect(broken)
+        signals.group_processed.disconnect(working)
+
+    assert received == [3]
+    assert after == ["ran"]
+    assert "A receiver of a django_outbox signal raised" in caplog.text
+    assert "receiver exploded" in caplog.text
 
 
 def test_the_logger_reports_the_same_events_with_fields_and_never_the_payload(

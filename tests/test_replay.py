@@ -39,6 +39,23 @@ def dead_letter(stream: str, handler_mode, n: int = 3):
 
 
 @override_settings(DJANGO_OUTBOX={"STREAMS": STREAMS})
+def test_replay_takes_only_dead_letters_not_replayed_whatever_queryset_it_gets(
+    handler_mode, inline
+):
+    publish_many("audit", [{"n": i} for i in range(3)])
+    dead_letter("audit", handler_mode)
+    publish_many("audit", [{"n": "ok"}])
+    inline.distribute("audit")  # one done row in the archive too
+    assert ArchivedEvent.objects.count() == 4
+
+    assert replay_failed(ArchivedEvent.objects.filter(outcome="failed")) == {"audit": 3}
+    assert replay_failed(ArchivedEvent.objects.filter(outcome="failed")) == {}
+    assert replay_failed(ArchivedEvent.objects.all()) == {}
+
+    assert sorted(OutboxEvent.objects.values_list("payload__n", flat=True)) == [0, 1, 2]
+
+
+@override_settings(DJANGO_OUTBOX={"STREAMS": STREAMS})
 def test_dead_letters_are_published_again_as_new_rows_and_only_once(handler_mode, inline):
     publish_many("audit", [{"n": i} for i in range(3)])
     old_ids = set(OutboxEvent.objects.values_list("id", flat=True))

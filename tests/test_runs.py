@@ -310,7 +310,7 @@ def test_a_paused_stream_claims_nothing():
 
 def test_the_batch_size_override_of_the_state_row_wins_over_settings():
     publish_unwoken("audit", [{"n": i} for i in range(10)])
-    StreamState.objects.create(stream="audit", batch_size_override=3)
+    StreamState.objects.update_or_create(stream="audit", defaults={"batch_size_override": 3})
 
     with transport.capture():
         assert claim_group("audit").size == 3

@@ -218,7 +218,7 @@ def test_a_row_that_can_no_longer_run_is_kept_with_its_error_and_skipped_later()
 def test_a_row_written_behind_stage_tasks_back_is_checked_again_and_kept(change, message):
     with without_forward_on_commit():
         bad = stage_task(RECORD, "bad")
-        good = stage_task(RECORD, "good")
+        stage_task(RECORD, "good")
         StagedJob.objects.filter(pk=bad).update(**change)
 
         result = drain()

@@ -40,8 +40,17 @@ class SQLiteBufferOps(BufferOps):
         parts = []
         for field in self.model._meta.concrete_fields:
             column = self.qn(field.column)
-            value = f"json({column})" if isinstance(field, models.JSONField) else column
-            parts.append(f"'{field.column}', {value}")
+            if isinstance(field, models.JSONField):
+                value = f"json({column})"
+            elif isinstance(field, models.BinaryField):
+                # json_object() takes no blob: the hex form PostgreSQL's to_jsonb() gives.
+                value = (
+                    f"CASE WHEN {column} IS NULL THEN NULL ELSE '\\x' || lower(hex({column})) END"
+                )
+            else:
+                value = column
+            key = field.column.replace("'", "''")
+            parts.append(f"'{key}', {value}")
         return f"json_object({', '.join(parts)})"
 
     def archive_group(

@@ -12,6 +12,7 @@ class GroupState(models.TextChoices):
     CLAIMED = "claimed", "claimed (process job queued)"
     RUNNING = "running", "running"
     RETRYING = "retrying", "retrying (waiting for backoff)"
+    DEAD_LETTERING = "dead_lettering", "exhausted; dead-lettering failed, tried again later"
 
 
 class OutboxGroup(models.Model):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Now
+
+from django_outbox.conf import MAX_BATCH_SIZE
 
 
 class StreamState(models.Model):
@@ -17,7 +20,10 @@ class StreamState(models.Model):
     stream = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)
     batch_size_override = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Overrides the stream's BATCH_SIZE when set."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_BATCH_SIZE)],
+        help_text=f"Overrides the stream's BATCH_SIZE when set (1 to {MAX_BATCH_SIZE:,}).",
     )
     wanted = models.BooleanField(
         default=False,
@@ -28,7 +34,16 @@ class StreamState(models.Model):
 
     class Meta:
         verbose_name = "stream state"
-        permissions = [("operate_streamstate", "Can pause and resume streams")]
+        permissions = [
+            ("operate_streamstate", "Can pause and resume streams and override batch sizes")
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(batch_size_override__isnull=True)
+                | models.Q(batch_size_override__gte=1, batch_size_override__lte=MAX_BATCH_SIZE),
+                name="outbox_state_batch_size_bound",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.stream} ({'paused' if self.paused else 'running'})"

@@ -36,6 +36,8 @@ def record(batch: Batch) -> BatchResult | None:
         )
     if mode == "permanent":
         raise PermanentFailure("the API rejected the request: 422")
+    if mode == "bad-keys":
+        return BatchResult({"first": "not an id", 10**12: "no such row"})
     if mode == "bad-return":
         return "not a BatchResult"  # type: ignore[return-value]
     return None
@@ -91,3 +93,8 @@ def refuse_poison(batch: Batch) -> None:
     """Fail every attempt of a group holding a row whose payload says ``poison``."""
     if any(row["payload"].get("poison") for row in batch.rows("payload")):
         raise RuntimeError("poison pill")
+
+
+def reject(batch: Batch) -> None:
+    """A handler whose API refuses every batch for good."""
+    raise PermanentFailure("the API rejected the batch: 422")

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from django_outbox.models import BufferEvent
+
 
 class HandledCall(models.Model):
     """One handler call, as the test handler saw it."""
@@ -35,3 +37,10 @@ class Purchase(models.Model):
 
     def __str__(self) -> str:
         return f"purchase {self.pk}"
+
+
+class Attachment(BufferEvent):
+    """A buffer with columns the archive must still hold: bytes and a quoted column name."""
+
+    title = models.CharField(max_length=100, db_column="owner's title")
+    content = models.BinaryField(null=True)

@@ -37,3 +37,9 @@ class Command(BaseCommand):
                 f"{s.groups_claimed:>7} {s.groups_running:>7} {s.groups_retrying:>8} "
                 f"{s.archived_last_hour:>9,} {s.failed_last_hour:>9,}"
             )
+            if s.groups_dead_lettering:
+                self.stdout.write(
+                    f"  {s.groups_dead_lettering} group(s) of {s.stream} could not be "
+                    "dead-lettered and are kept with their rows: see their last_error "
+                    "(admin: groups, state dead_lettering)."
+                )
