@@ -28,6 +28,7 @@ from django.utils.safestring import SafeString
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, database_now
 from django_outbox.distribute import requeue_due_groups
+from django_outbox.lease import last_line
 from django_outbox.models import (
     ArchivedEvent,
     GroupState,
@@ -190,8 +191,7 @@ class UniqueJobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="last error")
     def short_error(self, job: Any) -> str:
-        lines = job.last_error.strip().splitlines()
-        return lines[-1][:120] if lines else ""
+        return last_line(job.last_error)[:120]
 
 
 def register_stream_buffers(site: admin.AdminSite = admin.site) -> None:
@@ -232,8 +232,7 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
 
     @admin.display(description="last error")
     def short_error(self, group: OutboxGroup) -> str:
-        lines = group.last_error.strip().splitlines()
-        return lines[-1][:120] if lines else ""
+        return last_line(group.last_error)[:120]
 
     def _requeue(self, ids: list[Any]) -> tuple[int, int]:
         """Re-enqueue (or dead-letter, when spent) the selected groups that are due."""
@@ -328,8 +327,7 @@ class ArchivedEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="error")
     def short_error(self, event: ArchivedEvent) -> str:
-        lines = event.error.strip().splitlines()
-        return lines[-1][:120] if lines else ""
+        return last_line(event.error)[:120]
 
     @admin.action(description="Replay failed rows (once each)", permissions=["replay"])
     def replay(self, request: HttpRequest, queryset: QuerySet[ArchivedEvent]) -> None:

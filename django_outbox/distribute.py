@@ -11,16 +11,16 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from django_outbox import transport
+from django_outbox import process, transport
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
-from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import buffer_ops
 from django_outbox.models import GroupState, OutboxGroup
-from django_outbox.process import exhaust_group, group_error
 from django_outbox.runs import effective_batch_size, runtime_state, start_backlog_runs
 
 #: At most this many due groups are rescued per stream and distribute.
@@ -81,38 +81,41 @@ def requeue_due_groups(
     cannot loop forever. Returns (re-enqueued, exhausted).
     """
     lease = timedelta(seconds=config.lease_seconds)
-    due = Q(
-        state__in=[GroupState.RETRYING, GroupState.DEAD_LETTERING], next_attempt_at__lte=Now()
-    ) | Q(state__in=[GroupState.CLAIMED, GroupState.RUNNING], lease_expires_at__lt=Now())
+    waiting = [GroupState.RETRYING, GroupState.DEAD_LETTERING]
+    due = Q(state__in=waiting, next_attempt_at__lte=Now()) | Q(
+        state=GroupState.CLAIMED, lease_expires_at__lt=Now()
+    )
+    filters: dict[str, Any] = {"stream": config.name}
     if ids is not None:
-        due &= Q(id__in=list(ids))
+        filters["id__in"] = list(ids)
     requeued: list[str] = []
     exhausted = 0
-    with transaction.atomic(using=connection_for(OutboxGroup).alias):
-        groups = list(
-            OutboxGroup.objects.select_for_update(skip_locked=True)
-            .filter(due, stream=config.name)
-            .values("id", "state", "attempt", "last_error", "row_errors")[:RESCUE_LIMIT]
+    leases, retry = process.leases(config), process.policy(config)
+    with transaction.atomic(using=leases.alias):
+        groups = leases.expired(
+            RESCUE_LIMIT, due=due, fields=("last_error", "row_errors"), **filters
         )
+        # A lost attempt counts: a group that kills its worker is dead-lettered after its
+        # last attempt instead of looping.
         spent = [
             g
             for g in groups
             if g["state"] == GroupState.DEAD_LETTERING
-            or (g["state"] == GroupState.RUNNING and g["attempt"] >= config.max_attempts)
+            or (g["state"] == GroupState.RUNNING and retry.exhausted(g["attempt"]))
         ]
         for group in spent:
             # Each group in a savepoint of its own: one that cannot be dead-lettered is
             # kept with its error and the others go on.
             error = (
-                group_error(group["last_error"])
+                process.group_error(group["last_error"])
                 if group["state"] == GroupState.DEAD_LETTERING
                 else "lease expired on the last attempt"
             )
-            rows = exhaust_group(
-                config, group["id"], group["attempt"], error, row_errors=group["row_errors"]
+            rows = process.exhaust_group(
+                config, group["pk"], group["attempt"], error, row_errors=group["row_errors"]
             )
             exhausted += rows is not None
-        again = [g["id"] for g in groups if g not in spent]
+        again = [g["pk"] for g in groups if g not in spent]
         if again:
             OutboxGroup.objects.filter(id__in=again).update(
                 state=GroupState.CLAIMED,

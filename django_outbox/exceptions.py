@@ -33,15 +33,35 @@ class PermanentFailure(OutboxError):
 
 
 class LeaseLost(OutboxError):
-    """The group's lease was taken over by another worker; stop and change nothing."""
+    """The lease of an attempt was lost: another worker took the work over, or it was
+    finalized. The worker must stop and change nothing.
 
-    def __init__(self, group_id: object, attempt: int) -> None:
-        self.group_id = group_id
+    ``key`` is the id of what ran (a group id, a job id), ``attempt`` the attempt whose
+    lease was lost, ``what`` the kind of thing (``"group"``, a unique-job kind's label).
+    """
+
+    def __init__(self, key: object, attempt: int, *, what: str = "group") -> None:
+        self.key = key
         self.attempt = attempt
+        self.what = what
         super().__init__(
-            f"Lease of group {group_id} (attempt {attempt}) is lost: another worker took it "
+            f"Lease of {what} {key} (attempt {attempt}) is lost: another worker took it "
             "over or it was finalized. This worker must stop without side effects."
         )
+
+    @property
+    def group_id(self) -> object:
+        """The id of what ran (the name of earlier versions, for groups)."""
+        return self.key
+
+    @property
+    def job_id(self) -> object:
+        """The id of what ran (the name of earlier versions, for unique jobs)."""
+        return self.key
+
+
+#: The unique-job spelling of earlier versions: the same exception.
+JobLeaseLost = LeaseLost
 
 
 class StagingError(OutboxError, ValueError):
@@ -50,21 +70,6 @@ class StagingError(OutboxError, ValueError):
 
 class JobError(OutboxError, ValueError):
     """A unique job that cannot be enqueued as asked (a managed field, a naive datetime)."""
-
-
-class JobLeaseLost(LeaseLost):
-    """A unique job's lease was lost: another attempt took over, or the job finished."""
-
-    def __init__(self, kind: str, job_id: int, attempt: int) -> None:
-        self.kind = kind
-        self.job_id = job_id
-        self.group_id = job_id
-        self.attempt = attempt
-        OutboxError.__init__(
-            self,
-            f"Lease of {kind} #{job_id} (attempt {attempt}) is lost: the job was rescued "
-            "and started again, or finished. This worker must stop without side effects.",
-        )
 
 
 class IdempotencyError(OutboxError, TypeError):

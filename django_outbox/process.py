@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import socket
 import time
-import traceback
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,17 +25,23 @@ from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from django_outbox.backoff import backoff_seconds
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for, start_attempt
 from django_outbox.db.transient import is_transient, retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
+from django_outbox.lease import (
+    ERROR_LIMIT,
+    LeaseTable,
+    RetryPolicy,
+    clip,
+    describe,
+    worker_identity,
+)
 from django_outbox.models import GroupState, OutboxGroup, Outcome
 from django_outbox.signals import group_exhausted, group_failed, group_processed, send_on_commit
 
 logger = logging.getLogger("django_outbox")
 
-ERROR_LIMIT = 4000
 #: How a group's ``last_error`` notes that dead-lettering it failed.
 DEAD_LETTERING_FAILED = "Dead-lettering failed"
 
@@ -106,20 +109,22 @@ class Batch:
 
     def heartbeat(self) -> None:
         """Extend the lease by ``LEASE_SECONDS``; raise :class:`LeaseLost` if it is gone."""
-        extended = _fenced(self.group_id, self.attempt).update(
-            lease_expires_at=Now() + timedelta(seconds=self.config.lease_seconds),
-            updated_at=Now(),
-        )
-        if not extended:
-            raise LeaseLost(self.group_id, self.attempt)
+        leases(self.config).heartbeat(self.group_id, self.attempt)
 
 
-def _fenced(group_id: uuid.UUID, attempt: int) -> QuerySet:
-    return OutboxGroup.objects.filter(id=group_id, attempt=attempt, state=GroupState.RUNNING)
+def leases(config: StreamConfig) -> LeaseTable:
+    """The lease engine over the group table, with the stream's lease."""
+    return LeaseTable(
+        OutboxGroup,
+        what="group",
+        lease_seconds=config.lease_seconds,
+        running=GroupState.RUNNING,
+        touch="updated_at",
+    )
 
 
-def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def policy(config: StreamConfig) -> RetryPolicy:
+    return RetryPolicy(config.max_attempts, config.backoff_seconds, config.backoff_max_seconds)
 
 
 def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
@@ -156,7 +161,7 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         logger.warning("Lease lost: %s", batch)
         return ProcessOutcome.LEASE_LOST
     except Exception as exc:
-        return fail_group(batch, _describe(exc), permanent=isinstance(exc, PermanentFailure))
+        return fail_group(batch, describe(exc), permanent=isinstance(exc, PermanentFailure))
     try:
         return finalize(batch, result)
     except LeaseLost:
@@ -164,7 +169,7 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         return ProcessOutcome.LEASE_LOST
     except DatabaseError as exc:
         # Retried already; the rows are still in the group: count a failed attempt.
-        return fail_group(batch, f"finalize failed: {_describe(exc)}")
+        return fail_group(batch, f"finalize failed: {describe(exc)}")
 
 
 def _call_handler(batch: Batch) -> BatchResult | None:
@@ -217,12 +222,11 @@ def _run_transactional(batch: Batch) -> ProcessOutcome:
     except LeaseLost:
         raise
     except Exception as exc:
-        return fail_group(batch, _describe(exc), permanent=isinstance(exc, PermanentFailure))
+        return fail_group(batch, describe(exc), permanent=isinstance(exc, PermanentFailure))
 
 
 def _lock_fenced(batch: Batch) -> None:
-    if not _fenced(batch.group_id, batch.attempt).select_for_update().exists():
-        raise LeaseLost(batch.group_id, batch.attempt)
+    leases(batch.config).lock(batch.group_id, batch.attempt)
 
 
 def finalize(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
@@ -248,10 +252,11 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
     """
     config = batch.config
     failures = result.failed if result else {}
-    failed = {str(pk): str(err)[:ERROR_LIMIT] for pk, err in failures.items()}
+    failed = {str(pk): clip(err) for pk, err in failures.items()}
+    table = leases(config)
     if not failed:
-        if not _fenced(batch.group_id, batch.attempt).delete()[0]:
-            raise LeaseLost(batch.group_id, batch.attempt)
+        if not table.fenced(batch.group_id, batch.attempt).delete()[0]:
+            raise table.lost(batch.group_id, batch.attempt)
     elif not locked:
         _lock_fenced(batch)
     ops = buffer_ops(batch.model)
@@ -312,23 +317,23 @@ def _record_failure(
     permanent: bool = False,
 ) -> ProcessOutcome:
     config = batch.config
-    if permanent or batch.attempt >= config.max_attempts:
+    retry = policy(config)
+    if retry.exhausted(batch.attempt, permanent=permanent):
         rows = exhaust_group(
             config, batch.group_id, batch.attempt, error, row_errors=row_errors, batch=batch
         )
         return ProcessOutcome.KEPT if rows is None else ProcessOutcome.EXHAUSTED
-    delay = backoff_seconds(batch.attempt, config.backoff_seconds, config.backoff_max_seconds)
+    delay = retry.retry_in(batch.attempt)
     changes: dict[str, Any] = {
         "state": GroupState.RETRYING,
         "next_attempt_at": Now() + timedelta(seconds=delay),
         "lease_expires_at": None,
-        "last_error": error[:ERROR_LIMIT],
+        "last_error": clip(error),
         "row_errors": dict(row_errors) if row_errors else None,
-        "updated_at": Now(),
     }
     if size is not None:
         changes["size"] = size
-    _fenced(batch.group_id, batch.attempt).update(**changes)
+    leases(config).update(batch.group_id, batch.attempt, **changes)
     send_on_commit(
         group_failed,
         config.name,
@@ -375,7 +380,7 @@ def exhaust_group(
                 stream=config.name,
                 outcome=Outcome.FAILED,
                 attempts=attempt,
-                error=error[:ERROR_LIMIT],
+                error=clip(error),
                 row_errors=row_errors,
             )
             OutboxGroup.objects.filter(id=group_id).delete()
@@ -407,14 +412,13 @@ def _keep_undead(
         exc_info=exc,
         extra={"stream": config.name, "group_id": str(group_id)},
     )
-    reason = (
-        f"{group_error(error)[: ERROR_LIMIT // 2]}\n\n{DEAD_LETTERING_FAILED}: {_describe(exc)}"
-    )
+    half = ERROR_LIMIT // 2
+    reason = f"{clip(group_error(error), half)}\n\n{DEAD_LETTERING_FAILED}: {describe(exc, half)}"
     changes: dict[str, Any] = {
         "state": GroupState.DEAD_LETTERING,
         "lease_expires_at": None,
         "next_attempt_at": Now() + timedelta(seconds=config.backoff_max_seconds),
-        "last_error": reason[:ERROR_LIMIT],
+        "last_error": reason,
         "updated_at": Now(),
     }
     if row_errors:
@@ -440,7 +444,3 @@ def _run_on_exhausted(config: StreamConfig, batch: Batch, error: str) -> None:
             config.name,
             batch.group_id,
         )
-
-
-def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc)).strip()[-ERROR_LIMIT:]

@@ -43,10 +43,11 @@ from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.db.runs import runs_in_flight, wake_state
 from django_outbox.db.transient import retry_transient
+from django_outbox.lease import worker_identity
 from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.models.buffer import rows_bulk_created
 from django_outbox.oncommit import on_commit_once
-from django_outbox.process import ProcessOutcome, process_group, run_attempt, worker_identity
+from django_outbox.process import ProcessOutcome, process_group, run_attempt
 
 #: A run hands its next group to a fresh job after this many seconds.
 RUN_SECONDS = 5.0

@@ -36,6 +36,8 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
+from django_outbox.lease import last_line
+
 logger = logging.getLogger("django_outbox")
 
 group_processed = Signal()
@@ -94,9 +96,3 @@ def send_robust(signal: Signal, sender: str, **kwargs: Any) -> None:
                 sender,
                 exc_info=result,
             )
-
-
-def last_line(error: str) -> str:
-    """The last line of an error (a traceback's exception line), for logs."""
-    lines = (error or "").strip().splitlines()
-    return lines[-1] if lines else ""

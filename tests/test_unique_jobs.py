@@ -415,10 +415,11 @@ def test_heartbeat_extends_the_lease_and_raises_once_the_attempt_is_gone():
     BeatingJob.objects.filter(pk=job.pk).update(attempt=2)  # taken over
     with pytest.raises(LeaseLost) as lost:
         beat()
-    assert isinstance(lost.value, JobLeaseLost)
+    assert lost.value.key == lost.value.job_id == job.pk
+    assert isinstance(lost.value, JobLeaseLost)  # the earlier name, the same exception
     assert str(lost.value) == (
-        f"Lease of uniqueapp.BeatingJob #{job.pk} (attempt 1) is lost: the job was rescued and "
-        "started again, or finished. This worker must stop without side effects."
+        f"Lease of uniqueapp.BeatingJob {job.pk} (attempt 1) is lost: another worker took it "
+        "over or it was finalized. This worker must stop without side effects."
     )
 
 

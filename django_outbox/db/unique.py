@@ -126,18 +126,6 @@ class JobTable:
         )
         return int(rows[0][0])
 
-    def expired_leases(self, limit: int) -> list[tuple[int, int]]:
-        """Running jobs whose lease expired, as (id, attempt); locked ones are skipped."""
-        lock = " FOR UPDATE SKIP LOCKED" if self.postgres else ""
-        return [
-            (int(pk), int(attempt))
-            for pk, attempt in self._rows(
-                f"SELECT id, attempt FROM {self.table} WHERE state = %s "
-                f"AND lease_expires_at < {self.now} ORDER BY lease_expires_at LIMIT %s{lock}",
-                [RUNNING, limit],
-            )
-        ]
-
     def _start_set(self) -> tuple[str, list[Any]]:
         expiry, params = self.vendor.seconds_from_now(self.options.lease_seconds)
         return (

@@ -116,10 +116,11 @@ def rescue_expired(model: type[UniqueJob], table: JobTable) -> tuple[int, int]:
     killing its worker ends up failed after ``max_attempts``. Returns (rescued,
     exhausted).
     """
-    from django_outbox.unique.execute import LEASE_EXPIRED, JobOutcome, retry_or_fail
+    from django_outbox.unique.execute import LEASE_EXPIRED, JobOutcome, leases, retry_or_fail
 
     rescued = exhausted = 0
-    for pk, attempt in table.expired_leases(RESCUE_LIMIT):
+    for row in leases(model).expired(RESCUE_LIMIT):
+        pk, attempt = row["pk"], row["attempt"]
         outcome = retry_or_fail(model, pk, attempt, LEASE_EXPIRED.format(attempt=attempt), delay=0)
         if outcome is JobOutcome.RETRYING:
             rescued += 1

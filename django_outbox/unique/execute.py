@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -19,13 +18,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from django_outbox.backoff import backoff_seconds
-from django_outbox.db import connection_for
 from django_outbox.db.transient import retry_transient
 from django_outbox.db.unique import JobTable
-from django_outbox.exceptions import JobLeaseLost, LeaseLost, PermanentFailure
+from django_outbox.exceptions import LeaseLost, PermanentFailure
+from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
 from django_outbox.models.unique import JobState
-from django_outbox.process import ERROR_LIMIT, worker_identity
 from django_outbox.unique.options import get_kind, kind_options
 
 if TYPE_CHECKING:
@@ -52,11 +49,21 @@ class JobOutcome(enum.StrEnum):
     LEASE_LOST = "lease_lost"
 
 
+def leases(model: type[UniqueJob]) -> LeaseTable:
+    """The lease engine over the kind's table."""
+    return LeaseTable(
+        model, what=model._meta.label, lease_seconds=kind_options(model).lease_seconds
+    )
+
+
+def policy(model: type[UniqueJob]) -> RetryPolicy:
+    options = kind_options(model)
+    return RetryPolicy(options.max_attempts, options.backoff_seconds, options.backoff_max_seconds)
+
+
 def fenced(model: type[UniqueJob], job_id: int, attempt: int) -> QuerySet:
     """The job, only while it is running the given attempt."""
-    return model._default_manager.using(connection_for(model).alias).filter(
-        pk=job_id, attempt=attempt, state=JobState.RUNNING
-    )
+    return leases(model).fenced(job_id, attempt)
 
 
 class Heartbeat:
@@ -66,15 +73,11 @@ class Heartbeat:
         self.model = model
         self.job_id = job_id
         self.attempt = attempt
-        self.lease = timedelta(seconds=kind_options(model).lease_seconds)
+        self.leases = leases(model)
 
     def __call__(self) -> None:
         """Extend the lease by ``lease_seconds`` from now; raise :class:`LeaseLost` if gone."""
-        extended = fenced(self.model, self.job_id, self.attempt).update(
-            lease_expires_at=Now() + self.lease
-        )
-        if not extended:
-            raise JobLeaseLost(self.model._meta.label, self.job_id, self.attempt)
+        self.leases.heartbeat(self.job_id, self.attempt)
 
 
 def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
@@ -135,20 +138,16 @@ def retry_or_fail(
     pending job per key): it is failed with a note naming the pending job, which does
     the same work. *delay* overrides the backoff (0 for a rescued job).
     """
-    options = kind_options(model)
-    alias = connection_for(model).alias
-    error = error[-ERROR_LIMIT:]
+    table, retry = leases(model), policy(model)
+    alias = table.alias
+    error = clip(error)
 
     def failure_transaction() -> JobOutcome:
         with transaction.atomic(using=alias):
-            job = fenced(model, job_id, attempt)
-            if permanent or attempt >= options.max_attempts:
+            job = table.fenced(job_id, attempt)
+            if retry.exhausted(attempt, permanent=permanent):
                 return _fail(job, error)
-            wait = delay
-            if wait is None:
-                wait = backoff_seconds(
-                    attempt, options.backoff_seconds, options.backoff_max_seconds
-                )
+            wait = retry.retry_in(attempt) if delay is None else delay
             try:
                 with transaction.atomic(using=alias):
                     retried = job.update(
@@ -172,9 +171,9 @@ def retry_or_fail(
         model._meta.label,
         job_id,
         attempt,
-        options.max_attempts,
+        retry.max_attempts,
         outcome.value,
-        error.strip().splitlines()[-1] if error.strip() else "",
+        last_line(error),
     )
     return outcome
 
@@ -204,7 +203,3 @@ def _dispatch_next(model: type[UniqueJob]) -> None:
             model._meta.label,
             exc_info=True,
         )
-
-
-def describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc)).strip()[-ERROR_LIMIT:]

@@ -1,0 +1,145 @@
+"""The lease engine: everything that runs as attempt n under a lease uses it.
+
+A leased row (a group of buffer rows, a unique job) has a ``state``, an ``attempt``
+number and a ``lease_expires_at``. The worker that took attempt n changes the row only
+through :meth:`LeaseTable.fenced`, which matches the row while it is still running that
+attempt: a worker whose lease expired and was taken over (a rescue, a duplicate
+delivery) changes nothing and gets :class:`~django_outbox.exceptions.LeaseLost`.
+
+* :class:`LeaseTable` — fenced updates, heartbeat, row lock and the expired leases of
+  one table (the database's clock throughout);
+* :class:`RetryPolicy` — after a failed or lost attempt: retry after a backoff, or
+  exhaust (last attempt, or a permanent failure);
+* :func:`describe`, :func:`clip`, :func:`last_line` — errors as they are stored, logged
+  and shown: one truncation rule (the end is kept: a traceback's last line names the
+  exception);
+* :func:`worker_identity` — ``host:pid`` of this worker, stored on what it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Model, Q, QuerySet
+from django.db.models.functions import Now
+
+from django_outbox.backoff import backoff_seconds
+from django_outbox.db import connection_for
+from django_outbox.exceptions import LeaseLost
+
+#: Stored errors keep at most this many characters (their end).
+ERROR_LIMIT = 4000
+CUT = "…"
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def clip(error: str, limit: int = ERROR_LIMIT) -> str:
+    """*error* cut to *limit* characters, keeping the end and marking the cut."""
+    error = str(error)
+    return error if len(error) <= limit else CUT + error[-(limit - len(CUT)) :]
+
+
+def describe(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
+    """The traceback of *exc* as it is stored with the failed attempt."""
+    return clip("".join(traceback.format_exception(exc)).strip(), limit)
+
+
+def last_line(error: str) -> str:
+    """The last line of an error (a traceback's exception line), for logs and lists."""
+    lines = (error or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What follows a failed or lost attempt n of something with these options."""
+
+    max_attempts: int
+    backoff_seconds: float
+    backoff_max_seconds: float
+
+    def exhausted(self, attempt: int, *, permanent: bool = False) -> bool:
+        """Whether attempt *attempt* was the last one (or the failure is permanent)."""
+        return permanent or attempt >= self.max_attempts
+
+    def retry_in(self, attempt: int) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` (jittered exponential backoff)."""
+        return backoff_seconds(attempt, self.backoff_seconds, self.backoff_max_seconds)
+
+
+class LeaseTable:
+    """The fenced operations on one table of leased rows.
+
+    *what* names a row in errors (``"group"``, ``"blogs.RebuildBlogFeed"``); *running*
+    is the state value of a row under a lease.
+    """
+
+    def __init__(
+        self,
+        model: type[Model],
+        *,
+        what: str,
+        lease_seconds: float,
+        running: str = "running",
+        touch: str | None = None,
+    ) -> None:
+        self.model = model
+        self.what = what
+        self.lease = timedelta(seconds=lease_seconds)
+        self.running = running
+        self.touch = touch  # a column stamped with the database's now on every change
+
+    @property
+    def alias(self) -> str:
+        return connection_for(self.model).alias
+
+    def objects(self) -> QuerySet:
+        return self.model._default_manager.using(self.alias)
+
+    def fenced(self, pk: Any, attempt: int) -> QuerySet:
+        """The row, only while it is running attempt *attempt*."""
+        return self.objects().filter(pk=pk, attempt=attempt, state=self.running)
+
+    def update(self, pk: Any, attempt: int, **changes: Any) -> int:
+        """Change the row while it runs attempt *attempt*; return 1, or 0 if the lease is lost."""
+        if self.touch:
+            changes.setdefault(self.touch, Now())
+        return self.fenced(pk, attempt).update(**changes)
+
+    def lost(self, pk: Any, attempt: int) -> LeaseLost:
+        return LeaseLost(pk, attempt, what=self.what)
+
+    def heartbeat(self, pk: Any, attempt: int) -> None:
+        """Extend the lease by its length from now; raise LeaseLost if it is gone."""
+        if not self.update(pk, attempt, lease_expires_at=Now() + self.lease):
+            raise self.lost(pk, attempt)
+
+    def lock(self, pk: Any, attempt: int) -> None:
+        """Lock the row for the current transaction; raise LeaseLost if it is not ours."""
+        if not self.fenced(pk, attempt).select_for_update().exists():
+            raise self.lost(pk, attempt)
+
+    def expired(
+        self, limit: int, *, due: Q | None = None, fields: tuple[str, ...] = (), **filters: Any
+    ) -> list[dict]:
+        """Rows under an expired lease (or matching *due*), oldest lease first, locked.
+
+        Rows another transaction holds are skipped (PostgreSQL). Each is a dict of its
+        ``pk``, ``state``, ``attempt`` and *fields*; must run inside a transaction.
+        """
+        expired = Q(state=self.running, lease_expires_at__lt=Now())
+        return list(
+            self.objects()
+            .select_for_update(skip_locked=True)
+            .filter(expired | due if due is not None else expired, **filters)
+            .order_by("lease_expires_at")
+            .values("pk", "state", "attempt", *fields)[:limit]
+        )
