@@ -25,11 +25,11 @@ import hashlib
 import inspect
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import router, transaction
@@ -42,6 +42,7 @@ from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
 from django_outbox.jsondata import dumps
+from django_outbox.oncommit import on_commit_once
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
 logger = logging.getLogger("django_outbox")
@@ -61,11 +62,6 @@ Q_OPTION_TYPES: dict[str, tuple[type, ...]] = {
 }
 #: The form of the drainer's own guard keys; a caller's key may not take it.
 INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
-#: Keyword arguments of ``stage_task`` itself; any other keyword goes to the task.
-RESERVED = ("q_options", "run_after", "idempotency_key", "using")
-#: Ids remembered for the forward-on-commit path, per thread, at most (rolled-back ones
-#: included: forwarding an id that never committed finds nothing).
-MAX_PENDING = 10_000
 
 
 def _alias(using: str | None = None) -> str:
@@ -203,24 +199,18 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
 
 # -- the low-latency path ------------------------------------------------------------
 
-_pending = threading.local()
-
 
 def _forward_after_commit(staged_id: int, alias: str) -> None:
-    """Remember *staged_id*; the first callback after a commit forwards all remembered."""
-    ids: list[int] = getattr(_pending, "ids", None) or []
-    if len(ids) >= MAX_PENDING:
-        ids.clear()
-    ids.append(staged_id)
-    _pending.ids = ids
-    transaction.on_commit(lambda: _forward_pending(alias), using=alias, robust=True)
+    """Forward *staged_id*, with the transaction's other staged jobs, after the commit."""
+    on_commit_once(
+        ("django_outbox.forward_staged", alias),
+        partial(_forward, alias),
+        using=alias,
+        item=staged_id,
+    )
 
 
-def _forward_pending(alias: str) -> None:
-    ids: list[int] = getattr(_pending, "ids", None) or []
-    _pending.ids = []
-    if not ids:
-        return
+def _forward(alias: str, ids: list[int]) -> None:
     try:
         drain(ids=ids, using=alias)
     except Exception:  # the drainer forwards them later; the commit has happened anyway

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.db import models, transaction
+from django.db import models
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
@@ -22,6 +22,7 @@ from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState
+from django_outbox.oncommit import on_commit_once
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -136,34 +137,16 @@ def _check_storable(field: models.Field, value: Any, table: JobTable) -> None:
 
 # -- the kick after commit -------------------------------------------------------------
 
-_kicks = threading.local()
-
 
 def kick_after_commit(model: type[UniqueJob], alias: str) -> None:
-    """Dispatch *model* right after the current transaction commits (once per commit).
-
-    Kinds to kick are remembered per thread; the first callback after a commit
-    dispatches each once. A rolled-back transaction leaves its kind remembered, so the
-    next commit dispatches it too: one spare dispatch, never a lost one.
-    """
-    pending: set[tuple[str, str]] = getattr(_kicks, "kinds", None) or set()
-    pending.add((alias, model._meta.label))
-    _kicks.kinds = pending
-    transaction.on_commit(_dispatch_kicked, using=alias, robust=True)
+    """Dispatch *model* right after the current transaction commits (once per commit)."""
+    label = model._meta.label
+    on_commit_once(("django_outbox.dispatch", alias, label), partial(_dispatch, label), using=alias)
 
 
-def _dispatch_kicked() -> None:
+def _dispatch(label: str) -> None:
+    """Dispatch a kind after an enqueue committed; a failure leaves it to the schedule."""
     from django_outbox.unique.dispatch import dispatch
     from django_outbox.unique.options import get_kind
 
-    kinds: set[tuple[str, str]] = getattr(_kicks, "kinds", None) or set()
-    _kicks.kinds = set()
-    for _, label in sorted(kinds):
-        try:
-            dispatch(get_kind(label))
-        except Exception:  # the enqueue has committed; the schedule dispatches later
-            logger.warning(
-                "Dispatching %s after an enqueue failed; its schedule will dispatch it.",
-                label,
-                exc_info=True,
-            )
+    dispatch(get_kind(label))
