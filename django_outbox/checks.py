@@ -25,6 +25,7 @@ from django_outbox.conf import (
     STREAM_DEFAULTS,
     STREAM_NAME,
 )
+from django_outbox.db.dialect import supported
 
 POSITIVE_INT_OPTIONS = (
     "BATCH_SIZE",
@@ -477,9 +478,10 @@ def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     warnings: list[CheckMessage] = []
     for alias in connections:
-        connection = connections[alias]
-        if connection.vendor != "sqlite":
+        dialect = supported(connections[alias])
+        if dialect is None or not dialect.serializes_writers:
             continue
+        connection = connections[alias]
         mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
         if str(mode).upper() != "IMMEDIATE":
             warnings.append(

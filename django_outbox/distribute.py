@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 
 from django_outbox import process, transport
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
-from django_outbox.db import buffer_ops
+from django_outbox.db import stream_buffer
 from django_outbox.models import GroupState, OutboxGroup
 from django_outbox.runs import effective_batch_size, runtime_state, start_backlog_runs
 
@@ -53,8 +53,7 @@ def distribute(stream: str) -> DistributeResult:
     requeued, exhausted = requeue_due_groups(config)
     batch_size = effective_batch_size(config, state)
     cap = config.chains * batch_size
-    ops = buffer_ops(config.model_class)
-    backlog = ops.count_unclaimed(cap, stream if config.is_generic else None)
+    backlog = stream_buffer(config).count_unclaimed(cap)
     started = start_backlog_runs(stream, backlog, batch_size)
     return DistributeResult(
         stream,

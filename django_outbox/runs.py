@@ -40,7 +40,7 @@ from django.dispatch import receiver
 
 from django_outbox import transport
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
-from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.runs import runs_in_flight, wake_state
 from django_outbox.db.transient import retry_transient
 from django_outbox.lease import worker_identity
@@ -126,13 +126,13 @@ def claim_group(
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
     group_id = uuid.uuid4()
-    ops = buffer_ops(config.model_class)
+    ops = stream_buffer(config)
     alias = connection_for(config.model_class).alias
     lease = Now() + timedelta(seconds=config.lease_seconds)
 
     def claim_transaction() -> int:
         with transaction.atomic(using=alias):
-            size = ops.claim(group_id, limit, stream if config.is_generic else None)
+            size = ops.claim(group_id, limit)
             if size and run_here:
                 OutboxGroup.objects.create(
                     id=group_id,

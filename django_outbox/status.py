@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Count
 
 from django_outbox.conf import get_stream, outbox_settings
-from django_outbox.db import buffer_ops, connection_for, database_now
+from django_outbox.db import connection_for, database_now, stream_buffer
 from django_outbox.db.runs import runs_in_flight
 from django_outbox.models import ArchivedEvent, GroupState, OutboxGroup, Outcome, StreamState
 from django_outbox.runs import effective_batch_size
@@ -48,10 +48,10 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
     model = config.model_class
     state = StreamState.objects.filter(stream=stream).first()
     now = database_now(connection_for(model).alias)
-    stream_filter = stream if config.is_generic else None
-    backlog = buffer_ops(model).count_unclaimed(cap, stream_filter)
+    buffer = stream_buffer(config)
+    backlog = buffer.count_unclaimed(cap)
     unclaimed = model._default_manager.filter(group_id__isnull=True)
-    if stream_filter is not None:
+    if buffer.stream is not None:
         unclaimed = unclaimed.filter(stream=stream)
     oldest = unclaimed.order_by("id").values_list("created_at", flat=True).first()
     groups = dict(

@@ -19,7 +19,7 @@ from django.apps import apps
 from django.db import connections, models
 
 from django_outbox.conf import outbox_settings
-from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import connection_for, dialect_for, stream_buffer
 from django_outbox.db import tune as sql
 
 #: Storage parameters of queue-like tables: vacuum and analyze after a fixed number of
@@ -121,7 +121,7 @@ def _recommended(owned: OwnedTable, version: int) -> dict[str, str]:
 
 
 def postgres_tables() -> list[OwnedTable]:
-    return [t for t in owned_tables() if connection_for(t.model).vendor == "postgresql"]
+    return [t for t in owned_tables() if dialect_for(t.model).tunable]
 
 
 def report() -> list[TableReport]:
@@ -247,12 +247,11 @@ def pipeline_statements() -> list[Statement]:
     statements = []
     for stream in outbox_settings().streams.values():
         model = stream.model_class
-        if connection_for(model).vendor != "postgresql":
+        if not dialect_for(model).tunable:
             continue
-        ops = buffer_ops(model)
+        ops = stream_buffer(stream)
         group = uuid.uuid4()
-        where = stream.name if stream.is_generic else None
-        claim_sql, claim_params = ops.claim_sql(where)
+        claim_sql, claim_params = ops.claim_sql()
         table = model._meta.db_table
         statements += [
             Statement(

@@ -235,10 +235,10 @@ def test_plans_use_the_partial_indexes_never_a_sequential_scan_of_the_buffer(pos
     fill("django_outbox_outboxevent", stream_column=True)
     fill("marketing_contactactivityevent", stream_column=False)
     for model, stream in ((OutboxEvent, "audit"), (ContactActivityEvent, None)):
-        ops = buffer_ops(model)
+        ops = buffer_ops(model, stream)
         for _ in range(20):  # groups in flight at the front, the rest unclaimed
             with transaction.atomic():
-                ops.claim(uuid.uuid4(), 1000, stream)
+                ops.claim(uuid.uuid4(), 1000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE django_outbox_outboxevent")
         cursor.execute("ANALYZE marketing_contactactivityevent")

@@ -20,7 +20,7 @@ from django.test.utils import isolate_apps
 from django.utils.dateparse import parse_datetime
 
 from django_outbox import transport
-from django_outbox.db import _vendor, database_now
+from django_outbox.db import database_now, dialect_of
 from django_outbox.db.unique import JobTable
 from django_outbox.durations import MAX_DURATION
 from django_outbox.exceptions import DurationError, JobError, JobLeaseLost, LeaseLost
@@ -137,7 +137,7 @@ def test_enqueue_refuses_a_delay_beyond_a_hundred_years(delay):
 
 def test_the_database_clock_moves_back_by_a_negative_number_of_seconds(vendor):
     connection = connections["default"]
-    expression, params = _vendor(connection).seconds_from_now(-3600.5)
+    expression, params = dialect_of(connection).seconds_from_now(-3600.5)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {expression}", params)
         value = cursor.fetchone()[0]

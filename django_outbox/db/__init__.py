@@ -1,12 +1,14 @@
-"""Vendor-specific SQL, behind one interface chosen by ``connection.vendor``.
+"""The package's SQL: buffer operations, leases, staged jobs, keys, unique jobs, triggers.
 
-Nothing outside this package builds SQL or asks which database it runs on.
+Every statement is built from the connection's :class:`~django_outbox.db.dialect.Dialect`;
+nothing outside this package builds SQL or asks which database it runs on.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -14,6 +16,10 @@ from django.db.models import Model
 from django.utils import timezone
 
 from django_outbox.db.base import BufferOps
+from django_outbox.db.dialect import Dialect, dialect_of
+
+if TYPE_CHECKING:
+    from django_outbox.conf import StreamConfig
 
 
 def connection_for(model: type[Model]) -> BaseDatabaseWrapper:
@@ -21,48 +27,49 @@ def connection_for(model: type[Model]) -> BaseDatabaseWrapper:
     return connections[router.db_for_write(model)]
 
 
-def buffer_ops(model: type[Model]) -> BufferOps:
-    """Return the buffer operations for the database that holds *model*."""
+def dialect_for(model: type[Model]) -> Dialect:
+    """The dialect of the database that holds *model*."""
+    return dialect_of(connection_for(model))
+
+
+def buffer_ops(model: type[Model], stream: str | None = None) -> BufferOps:
+    """The buffer operations over *model*'s table; *stream* filters the shared buffer."""
     connection = connection_for(model)
-    if connection.vendor == "postgresql":
-        from django_outbox.db.postgresql import PostgresBufferOps
-
-        return PostgresBufferOps(connection, model)
-    if connection.vendor == "sqlite":
-        from django_outbox.db.sqlite import SQLiteBufferOps
-
-        return SQLiteBufferOps(connection, model)
-    raise NotImplementedError(
-        f"django_outbox supports PostgreSQL and SQLite, not {connection.vendor!r}."
-    )
+    vendor = dialect_of(connection).vendor
+    if vendor == "postgresql":
+        from django_outbox.db.postgresql import PostgresBufferOps as ops_class
+    else:
+        from django_outbox.db.sqlite import SQLiteBufferOps as ops_class
+    return ops_class(connection, model, stream)
 
 
-__all__ = ["BufferOps", "buffer_ops", "connection_for", "database_now", "start_attempt"]
+def stream_buffer(config: StreamConfig) -> BufferOps:
+    """The buffer operations of a stream: its model, filtered to it in the shared buffer."""
+    return buffer_ops(config.model_class, config.name if config.is_generic else None)
+
+
+__all__ = [
+    "BufferOps",
+    "Dialect",
+    "buffer_ops",
+    "connection_for",
+    "database_now",
+    "dialect_for",
+    "dialect_of",
+    "start_attempt",
+    "stream_buffer",
+]
 
 
 def database_now(alias: str = "default") -> datetime:
     """Return the database's current time as an aware UTC datetime."""
     connection = connections[alias]
-    if connection.vendor == "postgresql":
-        from django_outbox.db.postgresql import NOW_SQL
-    else:
-        from django_outbox.db.sqlite import NOW_SQL
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {NOW_SQL}".replace("%%", "%"))
+        cursor.execute(f"SELECT {dialect_of(connection).now}".replace("%%", "%"))
         value = cursor.fetchone()[0]
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
-
-
-def _vendor(connection: BaseDatabaseWrapper):
-    if connection.vendor == "postgresql":
-        from django_outbox.db import postgresql
-
-        return postgresql
-    from django_outbox.db import sqlite
-
-    return sqlite
 
 
 def start_attempt(
@@ -76,14 +83,14 @@ def start_attempt(
     from django_outbox.models import GroupState, OutboxGroup
 
     connection = connection_for(OutboxGroup)
-    vendor = _vendor(connection)
-    expiry, expiry_params = vendor.seconds_from_now(lease_seconds)
+    dialect = dialect_of(connection)
+    expiry, expiry_params = dialect.seconds_from_now(lease_seconds)
     table = connection.ops.quote_name(OutboxGroup._meta.db_table)
     pk = OutboxGroup._meta.pk.get_db_prep_value(group_id, connection)
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET state = %s, attempt = attempt + 1, "
-            f"lease_expires_at = {expiry}, worker = %s, updated_at = {vendor.NOW_SQL} "
+            f"lease_expires_at = {expiry}, worker = %s, updated_at = {dialect.now} "
             "WHERE id = %s AND stream = %s AND state = %s RETURNING attempt",
             [GroupState.RUNNING, *expiry_params, worker, pk, stream, GroupState.CLAIMED],
         )

@@ -10,21 +10,25 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
+from django_outbox.db.dialect import dialect_of
+
 
 class BufferOps:
     """Set-based statements over one buffer table (one instance per model and connection).
 
     Every method runs a constant number of statements whatever the group or backlog
     size. *stream* filters the shared ``OutboxEvent`` table; it is ``None`` for a
-    custom buffer model bound to a single stream.
+    custom buffer model bound to a single stream. The subclasses differ only in how a
+    group moves into the archive.
     """
 
-    #: Whether the claim can skip rows locked by a concurrent claim.
-    skip_locked = False
-
-    def __init__(self, connection: BaseDatabaseWrapper, model: type[Model]) -> None:
+    def __init__(
+        self, connection: BaseDatabaseWrapper, model: type[Model], stream: str | None = None
+    ) -> None:
         self.connection = connection
+        self.dialect = dialect_of(connection)
         self.model = model
+        self.stream = stream
         qn = connection.ops.quote_name
         self.table = qn(model._meta.db_table)
         self.archive_table = qn(_archive_model()._meta.db_table)
@@ -36,8 +40,8 @@ class BufferOps:
     def group_param(self, group_id: uuid.UUID) -> Any:
         return self.group_field.get_db_prep_value(group_id, self.connection)
 
-    def stream_clause(self, stream: str | None) -> tuple[str, list[Any]]:
-        return ("AND stream = %s", [stream]) if stream is not None else ("", [])
+    def stream_clause(self) -> tuple[str, list[Any]]:
+        return ("AND stream = %s", [self.stream]) if self.stream is not None else ("", [])
 
     def execute(self, sql: str, params: Iterable[Any]) -> int:
         with self.connection.cursor() as cursor:
@@ -51,29 +55,35 @@ class BufferOps:
 
     # -- the interface ---------------------------------------------------------------
 
-    def claim_sql(self, stream: str | None) -> tuple[str, list[Any]]:
-        """Return the single statement that stamps up to n unclaimed rows with a group."""
-        where, params = self.stream_clause(stream)
-        lock = " FOR UPDATE SKIP LOCKED" if self.skip_locked else ""
-        sql = (
-            f"UPDATE {self.table} SET group_id = %s WHERE id IN ("
-            f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} "
-            f"ORDER BY id LIMIT %s{lock})"
-        )
-        return sql, params
+    def claim_sql(self) -> tuple[str, list[Any]]:
+        """The single statement that stamps up to n unclaimed rows with a group.
 
-    def claim(self, group_id: uuid.UUID, limit: int, stream: str | None = None) -> int:
+        Its plan never scans the whole buffer: the ids are picked by the partial index of
+        unclaimed rows and the rows found by primary key (:meth:`Dialect.id_pick`). For
+        the shared table the pick orders by ``stream, id`` (the same order, the stream
+        being fixed), which only the partial ``(stream, id)`` index provides without a
+        sort. Rows another claim holds are skipped (PostgreSQL).
+        """
+        where, params = self.stream_clause()
+        order = "stream, id" if self.stream is not None else "id"
+        pick = self.dialect.id_pick(
+            f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} "
+            f"ORDER BY {order} LIMIT %s{self.dialect.skip_locked}"
+        )
+        return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
+
+    def claim(self, group_id: uuid.UUID, limit: int) -> int:
         """Stamp up to *limit* unclaimed rows, oldest first, with *group_id*; return how many.
 
         Must run inside a transaction. Rows another transaction is claiming are skipped
         (PostgreSQL) or wait for it (SQLite, serialized by its write lock).
         """
-        sql, where_params = self.claim_sql(stream)
+        sql, where_params = self.claim_sql()
         return self.execute(sql, [self.group_param(group_id), *where_params, limit])
 
-    def count_unclaimed(self, cap: int, stream: str | None = None) -> int:
+    def count_unclaimed(self, cap: int) -> int:
         """Count unclaimed rows, stopping at *cap*, so the cost never grows past it."""
-        where, params = self.stream_clause(stream)
+        where, params = self.stream_clause()
         row = self.fetchone(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {self.table} "
             f"WHERE group_id IS NULL {where} LIMIT %s) AS backlog",
@@ -138,7 +148,13 @@ class BufferOps:
 
     def insert_event(self, stream: str, payload_json: str) -> int:
         """Insert one row into the generic buffer; return its id. One statement."""
-        raise NotImplementedError
+        row = self.fetchone(
+            f"INSERT INTO {self.table} (created_at, stream, payload) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}) RETURNING id",
+            [stream, payload_json],
+        )
+        assert row is not None
+        return int(row[0])
 
     def archive_group(
         self,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django_outbox.db import _vendor, connection_for
+from django_outbox.db import connection_for
+from django_outbox.db.dialect import dialect_of
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def claim(scope: str, key: str) -> int | None:
     """Insert (or reclaim an expired) key in the current transaction; its id, or None."""
     model = _model()
     connection = connection_for(model)
-    now = _vendor(connection).NOW_SQL
+    now = dialect_of(connection).now
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -66,14 +67,13 @@ def complete(key_id: int, result: Any, ttl_seconds: float) -> None:
     """Mark the key completed with its JSON *result*, expiring *ttl_seconds* from now."""
     model = _model()
     connection = connection_for(model)
-    vendor = _vendor(connection)
-    expiry, expiry_params = vendor.seconds_from_now(ttl_seconds)
+    dialect = dialect_of(connection)
+    expiry, expiry_params = dialect.seconds_from_now(ttl_seconds)
     table = connection.ops.quote_name(model._meta.db_table)
-    cast = "::jsonb" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} SET completed_at = {vendor.NOW_SQL}, expires_at = {expiry}, "
-            f"result = %s{cast} WHERE id = %s",
+            f"UPDATE {table} SET completed_at = {dialect.now}, expires_at = {expiry}, "
+            f"result = %s{dialect.json_cast} WHERE id = %s",
             [*expiry_params, json.dumps(result, allow_nan=False), key_id],
         )
 
@@ -82,10 +82,11 @@ def delete_expired_batch(limit: int) -> int:
     """Delete up to *limit* expired keys (by the ``expires_at`` index); how many."""
     model = _model()
     connection = connection_for(model)
-    now = _vendor(connection).NOW_SQL
+    dialect = dialect_of(connection)
     table = connection.ops.quote_name(model._meta.db_table)
-    pick = f"SELECT id FROM {table} WHERE expires_at <= {now} ORDER BY expires_at LIMIT %s"
-    where = f"id = ANY(ARRAY({pick}))" if connection.vendor == "postgresql" else f"id IN ({pick})"
+    where = dialect.id_pick(
+        f"SELECT id FROM {table} WHERE expires_at <= {dialect.now} ORDER BY expires_at LIMIT %s"
+    )
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE {where}", [limit])
         return cursor.rowcount

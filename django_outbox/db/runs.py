@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_outbox.db import _vendor, connection_for
+from django_outbox.db import connection_for
+from django_outbox.db.dialect import dialect_of
 
 
 def _tables(connection: BaseDatabaseWrapper) -> tuple[str, str]:
@@ -20,7 +21,7 @@ def _live_groups_clause(connection: BaseDatabaseWrapper) -> tuple[str, list[str]
     group_table, _ = _tables(connection)
     sql = (
         f"SELECT 1 FROM {group_table} g WHERE g.stream = s.stream AND g.state IN (%s, %s) "
-        f"AND g.lease_expires_at > {_vendor(connection).NOW_SQL}"
+        f"AND g.lease_expires_at > {dialect_of(connection).now}"
     )
     return sql, [GroupState.CLAIMED, GroupState.RUNNING]
 
@@ -54,7 +55,7 @@ def runs_in_flight(stream: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT COUNT(*) FROM {group_table} g WHERE g.stream = %s AND g.state IN (%s, %s) "
-            f"AND g.lease_expires_at > {_vendor(connection).NOW_SQL}",
+            f"AND g.lease_expires_at > {dialect_of(connection).now}",
             [stream, GroupState.CLAIMED, GroupState.RUNNING],
         )
         return int(cursor.fetchone()[0])

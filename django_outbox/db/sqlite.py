@@ -14,26 +14,9 @@ from django.db import models
 
 from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
 
-NOW_SQL = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
-
-
-def seconds_from_now(seconds: float) -> tuple[str, list[object]]:
-    """SQL for the database's time *seconds* from now, and its parameters."""
-    # A signed fixed-point modifier: SQLite reads neither "+-5 seconds" nor "1e+30 seconds".
-    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)", [f"{seconds:+.6f} seconds"]
-
 
 class SQLiteBufferOps(BufferOps):
-    skip_locked = False
-
-    def insert_event(self, stream: str, payload_json: str) -> int:
-        with self.connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {self.table} (created_at, stream, payload) "
-                f"VALUES ({NOW_SQL}, %s, %s)",
-                [stream, payload_json],
-            )
-            return int(cursor.lastrowid)
+    """A group moves into the archive in two statements: INSERT … SELECT, then DELETE."""
 
     def snapshot_sql(self) -> str:
         """Return a ``json_object(...)`` expression over the row's concrete columns."""
@@ -66,17 +49,15 @@ class SQLiteBufferOps(BufferOps):
         archive: bool = True,
     ) -> int:
         keep = list(keep_ids)
-        where = "group_id = %s" + (
-            " AND id NOT IN (SELECT value FROM json_each(%s))" if keep else ""
-        )
-        where_params: list[object] = [self.group_param(group_id)] + (
-            [json.dumps(keep)] if keep else []
-        )
+        where, where_params = "group_id = %s", [self.group_param(group_id)]
+        if keep:
+            keep_clause, keep_params = self.dialect.in_ids(keep, negate=True)
+            where, where_params = f"{where} AND {keep_clause}", [*where_params, *keep_params]
         if archive:
             self.execute(
                 f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
-                f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, {NOW_SQL}, %s, %s, "
-                f"COALESCE(json_extract(%s, '$.\"' || id || '\"'), %s) "
+                f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, "
+                f"{self.dialect.now}, %s, %s, COALESCE(json_extract(%s, '$.\"' || id || '\"'), %s) "
                 f"FROM {self.table} WHERE {where}",
                 [
                     stream,

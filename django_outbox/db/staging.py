@@ -16,7 +16,8 @@ from typing import Any
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_outbox.db import _vendor, connection_for
+from django_outbox.db import connection_for
+from django_outbox.db.dialect import dialect_of
 
 COLUMNS = (
     "id",
@@ -61,9 +62,9 @@ def insert(
     """Insert one staged job in the current transaction; return its id."""
     model = _model()
     connection = connection_for(model)
-    vendor = _vendor(connection)
+    dialect = dialect_of(connection)
     table = connection.ops.quote_name(model._meta.db_table)
-    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    cast = dialect.json_cast
     run_after_value = (
         model._meta.get_field("run_after").get_db_prep_value(run_after, connection)
         if run_after is not None
@@ -73,7 +74,7 @@ def insert(
         cursor.execute(
             f"INSERT INTO {table} (func, args, kwargs, q_options, idempotency_key, "
             f"created_at, run_after, last_error) VALUES (%s, %s{cast}, %s{cast}, %s{cast}, "
-            f"%s, {vendor.NOW_SQL}, %s, '') RETURNING id",
+            f"%s, {dialect.now}, %s, '') RETURNING id",
             [func, args_json, kwargs_json, options_json, idempotency_key, run_after_value],
         )
         return int(cursor.fetchone()[0])
@@ -88,28 +89,19 @@ def take_due(limit: int, ids: Sequence[int] | None = None) -> list[TakenJob]:
     """
     model = _model()
     connection = connection_for(model)
-    vendor = _vendor(connection)
+    dialect = dialect_of(connection)
     table = connection.ops.quote_name(model._meta.db_table)
-    postgres = connection.vendor == "postgresql"
     params: list[Any] = []
     only_ids = ""
     if ids is not None:
-        if postgres:
-            only_ids = " AND id = ANY(%s)"
-            params.append(list(ids))
-        else:
-            only_ids = " AND id IN (SELECT value FROM json_each(%s))"
-            params.append(json.dumps(list(ids)))
+        clause, params = dialect.in_ids(ids)
+        only_ids = f" AND {clause}"
     params.append(limit)
-    lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
-    # PostgreSQL: the ids come from an ARRAY(...) sub-select, evaluated once; a plain
-    # IN (SELECT ... LIMIT ... SKIP LOCKED) may be re-run per outer row by a semi-join.
-    pick = (
+    where = dialect.id_pick(
         f"SELECT id FROM {table} "
-        f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {vendor.NOW_SQL})"
-        f"{only_ids} ORDER BY id LIMIT %s{lock}"
+        f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {dialect.now})"
+        f"{only_ids} ORDER BY id LIMIT %s{dialect.skip_locked}"
     )
-    where = f"id = ANY(ARRAY({pick}))" if postgres else f"id IN ({pick})"
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE {where} RETURNING {', '.join(COLUMNS)}", params)
         rows = cursor.fetchall()

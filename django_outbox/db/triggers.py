@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_outbox.db.dialect import POSTGRESQL, SQLITE, dialect_of
+
 OPERATIONS = ("insert", "update", "delete")
 
 
@@ -60,11 +62,12 @@ def _event(spec: TriggerSpec, qn, op: str) -> tuple[str, str]:
 
 
 def _vendor(connection: BaseDatabaseWrapper) -> str:
-    if connection.vendor not in ("postgresql", "sqlite"):
+    try:
+        return dialect_of(connection).vendor
+    except NotImplementedError:
         raise NotImplementedError(
             f"publish triggers support PostgreSQL and SQLite, not {connection.vendor!r}."
-        )
-    return connection.vendor
+        ) from None
 
 
 def create_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[str]:
@@ -84,11 +87,9 @@ def drop_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[
 
 
 def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
-    from django_outbox.db.postgresql import NOW_SQL
-
     insert = (
         f"INSERT INTO {qn(spec.buffer)} (created_at, stream, payload) "
-        f"VALUES ({NOW_SQL}, {_literal(spec.stream)}, "
+        f"VALUES ({POSTGRESQL.now}, {_literal(spec.stream)}, "
     )
     branches = []
     for op in spec.on:
@@ -116,9 +117,7 @@ def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
 
 
 def _sqlite_create(spec: TriggerSpec, qn) -> list[str]:
-    from django_outbox.db.sqlite import NOW_SQL
-
-    now = NOW_SQL.replace("%%", "%")
+    now = SQLITE.now.replace("%%", "%")
     statements = []
     for op in spec.on:
         event, row = _event(spec, qn, op)

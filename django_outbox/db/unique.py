@@ -15,7 +15,8 @@ from typing import Any
 
 from django.db.models import Field, Model
 
-from django_outbox.db import _vendor, connection_for
+from django_outbox.db import connection_for
+from django_outbox.db.dialect import dialect_of
 
 PENDING, RUNNING = "pending", "running"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
@@ -32,11 +33,10 @@ class JobTable:
         self.options = kind_options(model)
         self.connection = connection_for(model)
         self.alias = self.connection.alias
-        self.vendor = _vendor(self.connection)
-        self.postgres = self.connection.vendor == "postgresql"
+        self.dialect = dialect_of(self.connection)
         self.qn = self.connection.ops.quote_name
         self.table = self.qn(model._meta.db_table)
-        self.now = self.vendor.NOW_SQL
+        self.now = self.dialect.now
 
     def columns(self, names: Sequence[str]) -> list[str]:
         return [self.qn(self.model._meta.get_field(name).column) for name in names]
@@ -68,7 +68,7 @@ class JobTable:
             after_sql = "%s"
             after_params = [self.connection.ops.adapt_datetimefield_value(process_after)]
         else:
-            after_sql, after_params = self.vendor.seconds_from_now(process_after)
+            after_sql, after_params = self.dialect.seconds_from_now(process_after)
         conflict = ""
         if self.options.unique_fields:
             target = ", ".join(self.columns(self.options.unique_fields))
@@ -110,8 +110,12 @@ class JobTable:
     # -- dispatch --------------------------------------------------------------------
 
     def lock_dispatch(self) -> None:
-        """Serialize dispatchers of this kind until the transaction ends (PostgreSQL)."""
-        if self.postgres:
+        """Serialize dispatchers of this kind until the transaction ends.
+
+        PostgreSQL takes a transaction-scoped advisory lock; SQLite's write lock already
+        serializes them.
+        """
+        if not self.dialect.serializes_writers:
             with self.connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
@@ -127,7 +131,7 @@ class JobTable:
         return int(rows[0][0])
 
     def _start_set(self) -> tuple[str, list[Any]]:
-        expiry, params = self.vendor.seconds_from_now(self.options.lease_seconds)
+        expiry, params = self.dialect.seconds_from_now(self.options.lease_seconds)
         return (
             f"SET state = %s, attempt = attempt + 1, lease_expires_at = {expiry}, "
             "started_at = NULL, finished_at = NULL, worker = ''",
@@ -164,7 +168,7 @@ class JobTable:
                 )
                 params.append(PENDING)
         order = "j.id" if options.ordering != "ready" else "j.process_after, j.id"
-        lock = " FOR UPDATE SKIP LOCKED" if self.postgres else ""
+        lock = self.dialect.skip_locked
         sql = (
             f"SELECT j.id FROM {self.table} AS j WHERE {' AND '.join(clauses)} "
             f"ORDER BY {order} LIMIT %s{lock}"
@@ -211,7 +215,7 @@ class JobTable:
         Fenced by the attempt and by ``started_at IS NULL``, so a second delivery of the
         same django-q2 task (or a task of a lost attempt) takes nothing.
         """
-        expiry, expiry_params = self.vendor.seconds_from_now(self.options.lease_seconds)
+        expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
         rows = self._rows(
             f"UPDATE {self.table} SET lease_expires_at = {expiry}, started_at = {self.now}, "
             "worker = %s WHERE id = %s AND attempt = %s AND state = %s AND started_at IS NULL "

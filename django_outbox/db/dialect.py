@@ -1,0 +1,89 @@
+"""One dialect per supported database: the SQL pieces that differ, in one place.
+
+Every raw statement of the package is built from these pieces; nothing outside
+``django_outbox.db`` asks which database it runs on (it asks the dialect what the
+database can do instead).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+@dataclass(frozen=True)
+class Dialect:
+    vendor: str
+    #: The database's clock in raw statements, the same as Django's ``Now()``, so
+    #: timestamps written by the ORM and by our SQL compare consistently.
+    now: str
+    #: Appended to a JSON parameter placeholder (``%s{json_cast}``).
+    json_cast: str
+    #: Appended to a SELECT that picks rows to change: concurrent pickers take disjoint
+    #: rows (PostgreSQL); SQLite serializes writers with its database lock instead.
+    skip_locked: str
+    #: Whether writers wait for each other's whole transaction (SQLite): such a database
+    #: needs ``IMMEDIATE`` transactions for concurrent workers (check W001).
+    serializes_writers: bool
+    #: Whether the tables carry storage parameters and statistics worth tuning
+    #: (``outbox_tune``: autovacuum, fillfactor, plans).
+    tunable: bool
+
+    def seconds_from_now(self, seconds: float) -> tuple[str, list[object]]:
+        """SQL for the database's time *seconds* from now, and its parameters."""
+        if self.vendor == "postgresql":
+            return f"{self.now} + %s * interval '1 second'", [seconds]
+        # A signed fixed-point modifier: SQLite reads neither "+-5 seconds" nor "1e+30".
+        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW', %s)", [f"{seconds:+.6f} seconds"]
+
+    def id_pick(self, select: str) -> str:
+        """A WHERE clause matching the ids *select* returns, found by primary key.
+
+        PostgreSQL evaluates an ``ARRAY(…)`` sub-select once; a plain ``IN (SELECT …)``
+        may be re-run per outer row or hash-joined with a scan of the whole table.
+        """
+        return f"id = ANY(ARRAY({select}))" if self.vendor == "postgresql" else f"id IN ({select})"
+
+    def in_ids(self, ids: Sequence[int], *, negate: bool = False) -> tuple[str, list[object]]:
+        """``id IN`` a list given as one parameter, whatever its length."""
+        if self.vendor == "postgresql":
+            return ("NOT (id = ANY(%s))" if negate else "id = ANY(%s)"), [list(ids)]
+        clause = "id NOT IN" if negate else "id IN"
+        return f"{clause} (SELECT value FROM json_each(%s))", [json.dumps(list(ids))]
+
+
+POSTGRESQL = Dialect(
+    vendor="postgresql",
+    now="statement_timestamp()",
+    json_cast="::jsonb",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+    serializes_writers=False,
+    tunable=True,
+)
+SQLITE = Dialect(
+    vendor="sqlite",
+    now="STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')",
+    json_cast="",
+    skip_locked="",
+    serializes_writers=True,
+    tunable=False,
+)
+DIALECTS = {d.vendor: d for d in (POSTGRESQL, SQLITE)}
+
+
+def dialect_of(connection: BaseDatabaseWrapper) -> Dialect:
+    """The dialect of *connection*; NotImplementedError for an unsupported database."""
+    try:
+        return DIALECTS[connection.vendor]
+    except KeyError:
+        raise NotImplementedError(
+            f"django_outbox supports PostgreSQL and SQLite, not {connection.vendor!r}."
+        ) from None
+
+
+def supported(connection: BaseDatabaseWrapper) -> Dialect | None:
+    """The dialect of *connection*, or None for a database we do not run on."""
+    return DIALECTS.get(connection.vendor)
