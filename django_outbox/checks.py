@@ -10,42 +10,33 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
-from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import connections
 from django.utils.module_loading import import_string
 
 from django_outbox.conf import (
-    GLOBAL_DEFAULTS,
-    IDEMPOTENCY_DEFAULTS,
-    MAX_BATCH_SIZE,
+    GLOBAL_OPTIONS,
+    IDEMPOTENCY_OPTIONS,
     REMOVED_STREAM_OPTIONS,
     SETTING_NAME,
-    STAGING_DEFAULTS,
-    STREAM_DEFAULTS,
+    STAGING_OPTIONS,
     STREAM_NAME,
+    STREAM_OPTIONS,
+    raw_settings,
 )
 from django_outbox.db.dialect import supported
-
-POSITIVE_INT_OPTIONS = (
-    "BATCH_SIZE",
-    "CHAINS",
-    "EVERY_MINUTES",
-    "MAX_ATTEMPTS",
-    "BACKOFF_SECONDS",
-    "BACKOFF_MAX_SECONDS",
-    "LEASE_SECONDS",
-)
-BOOL_OPTIONS = ("ARCHIVE", "TRANSACTIONAL")
+from django_outbox.options import OptionTable, Problem, is_positive_int
+from django_outbox.transport import cluster_options
 
 
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+def errors_of(problems: list[Problem], **extra: Any) -> list[CheckMessage]:
+    """The system-check errors of an option table's problems."""
+    return [Error(p.message, hint=p.hint, id=f"django_outbox.{p.check}", **extra) for p in problems]
 
 
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    raw = getattr(settings, SETTING_NAME, {})
+    raw = raw_settings()
     if not isinstance(raw, dict):
         return [
             Error(
@@ -55,60 +46,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         ]
     errors: list[CheckMessage] = []
-    unknown = sorted(set(raw) - set(GLOBAL_DEFAULTS))
+    unknown = GLOBAL_OPTIONS.unknown(raw)
     if unknown:
         errors.append(
             Error(
                 f"{SETTING_NAME} has unknown keys: {', '.join(unknown)}.",
-                hint=f"Known keys: {', '.join(sorted(GLOBAL_DEFAULTS))}.",
+                hint=f"Known keys: {', '.join(sorted(GLOBAL_OPTIONS.by_name))}.",
                 id="django_outbox.E002",
             )
         )
-    retention = raw.get("ARCHIVE_RETENTION_DAYS", GLOBAL_DEFAULTS["ARCHIVE_RETENTION_DAYS"])
-    if not _is_positive_int(retention):
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['ARCHIVE_RETENTION_DAYS'] must be a positive integer, "
-                f"not {retention!r}.",
-                hint="Give the number of days archived rows are kept, for example 30.",
-                id="django_outbox.E034",
-            )
-        )
-    failed_retention = raw.get(
-        "ARCHIVE_FAILED_RETENTION_DAYS", GLOBAL_DEFAULTS["ARCHIVE_FAILED_RETENTION_DAYS"]
-    )
-    if not _is_positive_int(failed_retention):
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['ARCHIVE_FAILED_RETENTION_DAYS'] must be a positive integer, "
-                f"not {failed_retention!r}.",
-                hint="Give the number of days dead letters are kept for replay, for example 90.",
-                id="django_outbox.E038",
-            )
-        )
-    every = raw.get("PRUNE_EVERY_MINUTES", GLOBAL_DEFAULTS["PRUNE_EVERY_MINUTES"])
-    if not _is_positive_int(every):
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['PRUNE_EVERY_MINUTES'] must be a positive integer, not {every!r}.",
-                hint="Give the minutes between two runs of the prune schedule, for example "
-                "1440 (daily).",
-                id="django_outbox.E035",
-            )
-        )
-    token = raw.get("METRICS_TOKEN")
-    if token is not None and not (isinstance(token, str) and len(token) >= 16):
-        errors.append(
-            Error(
-                f"{SETTING_NAME}['METRICS_TOKEN'] must be None or a string of at least 16 "
-                "characters.",
-                hint="Generate one with: python -c 'import secrets; print(secrets.token_urlsafe())'"
-                " and read it from the environment, not from the source.",
-                id="django_outbox.E036",
-            )
-        )
+    errors.extend(errors_of(GLOBAL_OPTIONS.problems(raw, lambda name: f"{SETTING_NAME}['{name}']")))
     errors.extend(_check_staging(raw.get("STAGING", {})))
-    errors.extend(_check_section("IDEMPOTENCY", raw.get("IDEMPOTENCY", {}), IDEMPOTENCY_DEFAULTS))
+    errors.extend(_check_section("IDEMPOTENCY", raw.get("IDEMPOTENCY", {}), IDEMPOTENCY_OPTIONS))
     streams = raw.get("STREAMS", {})
     if not isinstance(streams, dict):
         errors.append(
@@ -147,12 +96,12 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             )
         )
         return errors
-    unknown = sorted(set(options) - set(STREAM_DEFAULTS) - set(REMOVED_STREAM_OPTIONS))
+    unknown = STREAM_OPTIONS.unknown(options, also=tuple(REMOVED_STREAM_OPTIONS))
     if unknown:
         errors.append(
             Error(
                 f"{where} has unknown options: {', '.join(unknown)}.",
-                hint=f"Known options: {', '.join(sorted(STREAM_DEFAULTS))}.",
+                hint=f"Known options: {', '.join(sorted(STREAM_OPTIONS.by_name))}.",
                 id="django_outbox.E006",
             )
         )
@@ -168,61 +117,17 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
     if options.get("ON_EXHAUSTED") is not None:
         errors.extend(_check_callable_path(where, "ON_EXHAUSTED", options["ON_EXHAUSTED"]))
     errors.extend(
-        _check_model(name, where, options.get("MODEL", STREAM_DEFAULTS["MODEL"]), models_seen)
+        _check_model(
+            name, where, options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]), models_seen
+        )
     )
-    merged = {**STREAM_DEFAULTS, **options}
-    for option in POSITIVE_INT_OPTIONS:
-        if not _is_positive_int(merged[option]):
-            errors.append(
-                Error(
-                    f"{where}['{option}'] must be a positive integer, not {merged[option]!r}.",
-                    hint=f"Remove it to use the default ({STREAM_DEFAULTS[option]}) or give "
-                    "a whole number greater than 0.",
-                    id="django_outbox.E030",
-                )
-            )
-    if _is_positive_int(merged["BATCH_SIZE"]) and merged["BATCH_SIZE"] > MAX_BATCH_SIZE:
-        errors.append(
-            Error(
-                f"{where}['BATCH_SIZE'] is {merged['BATCH_SIZE']:,}, above the most a stream "
-                f"may claim at once ({MAX_BATCH_SIZE:,}).",
-                hint="One claim locks and one handler call holds that many rows: give at most "
-                f"{MAX_BATCH_SIZE:,} (a few hundred to a few thousand is usual).",
-                id="django_outbox.E039",
-            )
-        )
-    for option in ("ARCHIVE_RETENTION_DAYS", "ARCHIVE_FAILED_RETENTION_DAYS"):
-        if merged[option] is not None and not _is_positive_int(merged[option]):
-            errors.append(
-                Error(
-                    f"{where}['{option}'] must be a positive integer or None, "
-                    f"not {merged[option]!r}.",
-                    hint=f"Remove it to use the global {SETTING_NAME}['{option}'], or give the "
-                    "number of days archived rows of this stream are kept.",
-                    id="django_outbox.E037",
-                )
-            )
-    for option in BOOL_OPTIONS:
-        if not isinstance(merged[option], bool):
-            errors.append(
-                Error(
-                    f"{where}['{option}'] must be True or False, not {merged[option]!r}.",
-                    hint=f"Remove it to use the default ({STREAM_DEFAULTS[option]}).",
-                    id="django_outbox.E031",
-                )
-            )
-    cluster = merged["CLUSTER"]
-    if cluster is not None and not (isinstance(cluster, str) and cluster):
-        errors.append(
-            Error(
-                f"{where}['CLUSTER'] must be a django-q2 cluster name or None, not {cluster!r}.",
-                hint="Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
-                id="django_outbox.E032",
-            )
-        )
+    merged = STREAM_OPTIONS.merged(options)
+    errors.extend(
+        errors_of(STREAM_OPTIONS.problems(options, lambda option: f"{where}['{option}']"))
+    )
     if (
-        _is_positive_int(merged["BACKOFF_SECONDS"])
-        and _is_positive_int(merged["BACKOFF_MAX_SECONDS"])
+        is_positive_int(merged["BACKOFF_SECONDS"])
+        and is_positive_int(merged["BACKOFF_MAX_SECONDS"])
         and merged["BACKOFF_MAX_SECONDS"] < merged["BACKOFF_SECONDS"]
     ):
         errors.append(
@@ -237,86 +142,44 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
     return errors
 
 
-SECTION_INT_OPTIONS = ("BATCH_SIZE", "EVERY_MINUTES", "DRAIN_SECONDS", "RETENTION_DAYS")
-SECTION_BOOL_OPTIONS = ("FORWARD_ON_COMMIT",)
-
-
-def _check_section(section: str, options: Any, defaults: dict[str, Any]) -> list[CheckMessage]:
-    """Shape, unknown keys, integers and booleans of a ``STAGING``-like section."""
+def _check_section(section: str, options: Any, table: OptionTable) -> list[CheckMessage]:
+    """Shape, unknown keys and values of a ``STAGING``-like section."""
     where = f"{SETTING_NAME}[{section!r}]"
+    known = f"Known options: {', '.join(sorted(table.by_name))}."
     if not isinstance(options, dict):
         return [
             Error(
                 f"{where} must be a dict of options, not {type(options).__name__}.",
-                hint=f"Known options: {', '.join(sorted(defaults))}.",
+                hint=known,
                 id="django_outbox.E050",
             )
         ]
     errors: list[CheckMessage] = []
-    unknown = sorted(set(options) - set(defaults))
+    unknown = table.unknown(options)
     if unknown:
         errors.append(
             Error(
                 f"{where} has unknown options: {', '.join(unknown)}.",
-                hint=f"Known options: {', '.join(sorted(defaults))}.",
+                hint=known,
                 id="django_outbox.E051",
             )
         )
-    merged = {**defaults, **options}
-    for option in SECTION_INT_OPTIONS:
-        if option in merged and not _is_positive_int(merged[option]):
-            errors.append(
-                Error(
-                    f"{where}['{option}'] must be a positive integer, not {merged[option]!r}.",
-                    hint=f"Remove it to use the default ({defaults[option]}) or give a whole "
-                    "number greater than 0.",
-                    id="django_outbox.E052",
-                )
-            )
-    for option in SECTION_BOOL_OPTIONS:
-        if option in merged and not isinstance(merged[option], bool):
-            errors.append(
-                Error(
-                    f"{where}['{option}'] must be True or False, not {merged[option]!r}.",
-                    hint=f"Remove it to use the default ({defaults[option]}).",
-                    id="django_outbox.E053",
-                )
-            )
+    errors.extend(errors_of(table.problems(options, lambda option: f"{where}['{option}']")))
     return errors
 
 
 def _check_staging(options: Any) -> list[CheckMessage]:
-    errors = _check_section("STAGING", options, STAGING_DEFAULTS)
+    errors = _check_section("STAGING", options, STAGING_OPTIONS)
     if not isinstance(options, dict):
         return errors
     where = f"{SETTING_NAME}['STAGING']"
-    allowed = options.get("ALLOWED_MODULES", [])
-    if not isinstance(allowed, (list, tuple)) or not all(
-        isinstance(prefix, str) and prefix.strip(".") for prefix in allowed
-    ):
-        errors.append(
-            Error(
-                f"{where}['ALLOWED_MODULES'] must be a list of module paths, not {allowed!r}.",
-                hint="List the modules whose functions may be staged, for example "
-                '["shop.tasks", "billing.jobs"].',
-                id="django_outbox.E054",
-            )
-        )
-    merged = {**STAGING_DEFAULTS, **options}
+    merged = STAGING_OPTIONS.merged(options)
     cluster = merged["CLUSTER"]
-    if cluster is not None and not (isinstance(cluster, str) and cluster):
-        errors.append(
-            Error(
-                f"{where}['CLUSTER'] must be a django-q2 cluster name or None, not {cluster!r}.",
-                hint="Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
-                id="django_outbox.E055",
-            )
-        )
+    if not STAGING_OPTIONS.by_name["CLUSTER"].kind.test(cluster):
         return errors
-    cluster_options = _cluster_options(cluster)
-    timeout = (cluster_options or {}).get("timeout")
+    timeout = (cluster_options(cluster) or {}).get("timeout")
     budget = merged["DRAIN_SECONDS"]
-    if isinstance(timeout, (int, float)) and _is_positive_int(budget) and budget >= timeout:
+    if isinstance(timeout, (int, float)) and is_positive_int(budget) and budget >= timeout:
         errors.append(
             Error(
                 f"{where}['DRAIN_SECONDS'] ({budget}) is not below the django-q2 timeout "
@@ -407,22 +270,9 @@ def _check_model(
     return []
 
 
-def _cluster_options(cluster: str | None) -> dict[str, Any] | None:
-    q_cluster = getattr(settings, "Q_CLUSTER", {})
-    if not isinstance(q_cluster, dict):
-        return None
-    options = {k: v for k, v in q_cluster.items() if k != "ALT_CLUSTERS"}
-    if cluster and cluster not in (q_cluster.get("name"), q_cluster.get("cluster_name")):
-        alt = (q_cluster.get("ALT_CLUSTERS") or {}).get(cluster)
-        if not isinstance(alt, dict):
-            return None
-        options.update(alt)
-    return options
-
-
 def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckMessage]:
     cluster = merged["CLUSTER"] if isinstance(merged["CLUSTER"], str) else None
-    options = _cluster_options(cluster)
+    options = cluster_options(cluster)
     if options is None:
         return [
             Warning(
@@ -447,7 +297,7 @@ def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckM
             )
         )
     lease = merged["LEASE_SECONDS"]
-    if isinstance(timeout, (int, float)) and _is_positive_int(lease) and timeout > lease:
+    if isinstance(timeout, (int, float)) and is_positive_int(lease) and timeout > lease:
         errors.append(
             Error(
                 f"The django-q2 {label} used by stream {name!r} has timeout={timeout!r}, "

@@ -1,8 +1,10 @@
 """One cached accessor over the ``DJANGO_OUTBOX`` settings dict.
 
 Settings are read on first use, never at import time, and the cache is dropped on
-Django's ``setting_changed`` signal so ``override_settings`` works. Values are not
-validated here: the system checks in :mod:`django_outbox.checks` report bad ones.
+Django's ``setting_changed`` signal so ``override_settings`` works. Every option is
+declared once, in the tables below (:mod:`django_outbox.options`): the effective
+configuration and the system checks (:mod:`django_outbox.checks`) both come from them.
+Values are not validated here: the checks report bad ones.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +21,16 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_outbox.exceptions import UnknownStream
+from django_outbox.options import (
+    BOOL,
+    CLUSTER,
+    MODULE_LIST,
+    OPTIONAL_POSITIVE_INT,
+    POSITIVE_INT,
+    TOKEN,
+    Option,
+    OptionTable,
+)
 
 SETTING_NAME = "DJANGO_OUTBOX"
 GENERIC_MODEL = "django_outbox.OutboxEvent"
@@ -29,23 +41,47 @@ STREAM_NAME = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 #: one claim statement holds this many row locks and one handler call this many rows.
 MAX_BATCH_SIZE = 100_000
 
-STREAM_DEFAULTS: dict[str, Any] = {
-    "HANDLER": None,
-    "MODEL": GENERIC_MODEL,
-    "BATCH_SIZE": 1000,
-    "CHAINS": 4,
-    "EVERY_MINUTES": 1,
-    "MAX_ATTEMPTS": 8,
-    "BACKOFF_SECONDS": 10,
-    "BACKOFF_MAX_SECONDS": 3600,
-    "LEASE_SECONDS": 300,
-    "ARCHIVE": True,
-    "TRANSACTIONAL": False,
-    "CLUSTER": None,
-    "ON_EXHAUSTED": None,
-    "ARCHIVE_RETENTION_DAYS": None,
-    "ARCHIVE_FAILED_RETENTION_DAYS": None,
-}
+STREAM_OPTIONS = OptionTable(
+    Option("HANDLER", None),  # a dotted path: checks E010 to E012
+    Option("MODEL", GENERIC_MODEL),  # a buffer model: checks E020 to E022
+    Option(
+        "BATCH_SIZE",
+        1000,
+        POSITIVE_INT,
+        "E030",
+        maximum=MAX_BATCH_SIZE,
+        maximum_check="E039",
+        maximum_hint="One claim locks and one handler call holds that many rows: give at "
+        "most {maximum} (a few hundred to a few thousand is usual).",
+    ),
+    Option("CHAINS", 4, POSITIVE_INT, "E030"),
+    Option("EVERY_MINUTES", 1, POSITIVE_INT, "E030"),
+    Option("MAX_ATTEMPTS", 8, POSITIVE_INT, "E030"),
+    Option("BACKOFF_SECONDS", 10, POSITIVE_INT, "E030"),
+    Option("BACKOFF_MAX_SECONDS", 3600, POSITIVE_INT, "E030"),  # at least the base: E033
+    Option("LEASE_SECONDS", 300, POSITIVE_INT, "E030"),  # against the timeout: E042
+    Option("ARCHIVE", True, BOOL, "E031"),
+    Option("TRANSACTIONAL", False, BOOL, "E031"),
+    Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
+    Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
+    Option(
+        "ARCHIVE_RETENTION_DAYS",
+        None,
+        OPTIONAL_POSITIVE_INT,
+        "E037",
+        hint=f"Remove it to use the global {SETTING_NAME}['{{name}}'], or give the number of "
+        "days archived rows of this stream are kept.",
+    ),
+    Option(
+        "ARCHIVE_FAILED_RETENTION_DAYS",
+        None,
+        OPTIONAL_POSITIVE_INT,
+        "E037",
+        hint=f"Remove it to use the global {SETTING_NAME}['{{name}}'], or give the number of "
+        "days archived rows of this stream are kept.",
+    ),
+)
+STREAM_DEFAULTS = STREAM_OPTIONS.defaults
 
 #: Stream options of earlier versions that the run loop made unnecessary, with what to
 #: do instead (system check W003).
@@ -55,28 +91,46 @@ REMOVED_STREAM_OPTIONS: dict[str, str] = {
     "MAX_BATCHES (raise CHAINS for more parallel runs).",
 }
 
-STAGING_DEFAULTS: dict[str, Any] = {
-    "ALLOWED_MODULES": [],
-    "BATCH_SIZE": 500,
-    "EVERY_MINUTES": 1,
-    "DRAIN_SECONDS": 30,
-    "FORWARD_ON_COMMIT": True,
-    "CLUSTER": None,
-}
+STAGING_OPTIONS = OptionTable(
+    Option("ALLOWED_MODULES", [], MODULE_LIST, "E054"),
+    Option("BATCH_SIZE", 500, POSITIVE_INT, "E052"),
+    Option("EVERY_MINUTES", 1, POSITIVE_INT, "E052"),
+    Option("DRAIN_SECONDS", 30, POSITIVE_INT, "E052"),  # below the cluster's timeout: E056
+    Option("FORWARD_ON_COMMIT", True, BOOL, "E053"),
+    Option("CLUSTER", None, CLUSTER, "E055"),
+)
 
-IDEMPOTENCY_DEFAULTS: dict[str, Any] = {
-    "RETENTION_DAYS": 7,
-}
+IDEMPOTENCY_OPTIONS = OptionTable(
+    Option("RETENTION_DAYS", 7, POSITIVE_INT, "E052"),
+)
 
-GLOBAL_DEFAULTS: dict[str, Any] = {
-    "STREAMS": {},
-    "ARCHIVE_RETENTION_DAYS": 30,
-    "ARCHIVE_FAILED_RETENTION_DAYS": 90,
-    "STAGING": {},
-    "IDEMPOTENCY": {},
-    "PRUNE_EVERY_MINUTES": 1440,
-    "METRICS_TOKEN": None,
-}
+GLOBAL_OPTIONS = OptionTable(
+    Option("STREAMS", {}),  # a dict of stream options: E003
+    Option(
+        "ARCHIVE_RETENTION_DAYS",
+        30,
+        POSITIVE_INT,
+        "E034",
+        hint="Give the number of days archived rows are kept, for example 30.",
+    ),
+    Option(
+        "ARCHIVE_FAILED_RETENTION_DAYS",
+        90,
+        POSITIVE_INT,
+        "E038",
+        hint="Give the number of days dead letters are kept for replay, for example 90.",
+    ),
+    Option("STAGING", {}),  # STAGING_OPTIONS: E050 to E056
+    Option("IDEMPOTENCY", {}),  # IDEMPOTENCY_OPTIONS: E050 to E053
+    Option(
+        "PRUNE_EVERY_MINUTES",
+        1440,
+        POSITIVE_INT,
+        "E035",
+        hint="Give the minutes between two runs of the prune schedule, for example 1440 (daily).",
+    ),
+    Option("METRICS_TOKEN", None, TOKEN, "E036"),
+)
 
 
 @dataclass(frozen=True)
@@ -99,30 +153,10 @@ class StreamConfig:
     on_exhausted: str | None = None
     archive_retention_days: int | None = None
     archive_failed_retention_days: int | None = None
-    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
-        merged = {**STREAM_DEFAULTS, **options}
-        return cls(
-            name=name,
-            handler=merged["HANDLER"],
-            model=merged["MODEL"],
-            batch_size=merged["BATCH_SIZE"],
-            chains=merged["CHAINS"],
-            every_minutes=merged["EVERY_MINUTES"],
-            max_attempts=merged["MAX_ATTEMPTS"],
-            backoff_seconds=merged["BACKOFF_SECONDS"],
-            backoff_max_seconds=merged["BACKOFF_MAX_SECONDS"],
-            lease_seconds=merged["LEASE_SECONDS"],
-            archive=merged["ARCHIVE"],
-            transactional=merged["TRANSACTIONAL"],
-            cluster=merged["CLUSTER"],
-            on_exhausted=merged["ON_EXHAUSTED"],
-            archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
-            archive_failed_retention_days=merged["ARCHIVE_FAILED_RETENTION_DAYS"],
-            raw=dict(options),
-        )
+        return cls(name=name, **STREAM_OPTIONS.effective(options))
 
     @property
     def model_class(self) -> type:
@@ -158,16 +192,10 @@ class StagingConfig:
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> StagingConfig:
-        merged = {**STAGING_DEFAULTS, **options}
-        allowed = merged["ALLOWED_MODULES"]
-        return cls(
-            allowed_modules=tuple(allowed) if isinstance(allowed, (list, tuple)) else (),
-            batch_size=merged["BATCH_SIZE"],
-            every_minutes=merged["EVERY_MINUTES"],
-            drain_seconds=merged["DRAIN_SECONDS"],
-            forward_on_commit=merged["FORWARD_ON_COMMIT"],
-            cluster=merged["CLUSTER"],
-        )
+        values = STAGING_OPTIONS.effective(options)
+        allowed = values["allowed_modules"]
+        values["allowed_modules"] = tuple(allowed) if isinstance(allowed, (list, tuple)) else ()
+        return cls(**values)
 
     @property
     def enabled(self) -> bool:
@@ -190,8 +218,7 @@ class IdempotencyConfig:
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> IdempotencyConfig:
-        merged = {**IDEMPOTENCY_DEFAULTS, **options}
-        return cls(retention_days=merged["RETENTION_DAYS"])
+        return cls(**IDEMPOTENCY_OPTIONS.effective(options))
 
 
 @dataclass(frozen=True)
@@ -203,7 +230,6 @@ class OutboxSettings:
     idempotency: IdempotencyConfig
     prune_every_minutes: int
     metrics_token: str | None
-    raw: dict[str, Any]
 
     def retention_days(self, stream: str, outcome: str) -> int:
         """Days archived rows of *stream* with *outcome* are kept (a stream's own, or global)."""
@@ -251,28 +277,24 @@ class OutboxSettings:
             raise UnknownStream(name, list(self.streams)) from None
 
 
+def raw_settings() -> Any:
+    """``settings.DJANGO_OUTBOX`` as written (the system checks read it through here)."""
+    return getattr(settings, SETTING_NAME, {})
+
+
 @functools.cache
 def outbox_settings() -> OutboxSettings:
     """Return the effective settings, cached until ``DJANGO_OUTBOX`` changes."""
-    raw = getattr(settings, SETTING_NAME, {})
-    if not isinstance(raw, dict):
-        raw = {}
-    merged = {**GLOBAL_DEFAULTS, **raw}
-    streams_raw = merged["STREAMS"] if isinstance(merged["STREAMS"], dict) else {}
-    streams = {
-        name: StreamConfig.from_options(name, options if isinstance(options, dict) else {})
+    raw = raw_settings()
+    values = GLOBAL_OPTIONS.effective(raw if isinstance(raw, dict) else {})
+    streams_raw = _as_dict(values.pop("streams"))
+    values["streams"] = {
+        name: StreamConfig.from_options(name, _as_dict(options))
         for name, options in streams_raw.items()
     }
-    return OutboxSettings(
-        streams=streams,
-        archive_retention_days=merged["ARCHIVE_RETENTION_DAYS"],
-        archive_failed_retention_days=merged["ARCHIVE_FAILED_RETENTION_DAYS"],
-        staging=StagingConfig.from_options(_as_dict(merged["STAGING"])),
-        idempotency=IdempotencyConfig.from_options(_as_dict(merged["IDEMPOTENCY"])),
-        prune_every_minutes=merged["PRUNE_EVERY_MINUTES"],
-        metrics_token=merged["METRICS_TOKEN"],
-        raw=raw,
-    )
+    values["staging"] = StagingConfig.from_options(_as_dict(values["staging"]))
+    values["idempotency"] = IdempotencyConfig.from_options(_as_dict(values["idempotency"]))
+    return OutboxSettings(**values)
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

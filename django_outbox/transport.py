@@ -100,6 +100,27 @@ def in_transaction_hand_off(alias: str | None = None) -> bool:
     return broker_alias is not None and broker_alias == (alias or _our_alias()) and not _sync_mode()
 
 
+def cluster_options(cluster: str | None) -> dict[str, Any] | None:
+    """The ``Q_CLUSTER`` options a cluster runs with (its ``ALT_CLUSTERS`` entry over the
+    defaults); None when *cluster* names a cluster the settings do not define.
+
+    Read from the settings, not from django-q2's ``Conf`` (fixed when django-q2 is
+    imported), so the system checks see ``override_settings``.
+    """
+    from django.conf import settings
+
+    q_cluster = getattr(settings, "Q_CLUSTER", {})
+    if not isinstance(q_cluster, dict):
+        return None
+    options = {k: v for k, v in q_cluster.items() if k != "ALT_CLUSTERS"}
+    if cluster and cluster not in (q_cluster.get("name"), q_cluster.get("cluster_name")):
+        alt = (q_cluster.get("ALT_CLUSTERS") or {}).get(cluster)
+        if not isinstance(alt, dict):
+            return None
+        options.update(alt)
+    return options
+
+
 def _our_alias() -> str:
     from django_outbox.models import OutboxGroup
 

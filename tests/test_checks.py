@@ -311,8 +311,7 @@ def test_a_batch_size_above_the_bound_is_e039_and_the_bound_itself_is_accepted()
         assert outbox_messages() == [
             (
                 "django_outbox.E039",
-                f"{WHERE}['BATCH_SIZE'] is 100,001, above the most a stream may claim at once "
-                "(100,000).",
+                f"{WHERE}['BATCH_SIZE'] is 100,001, above the most allowed (100,000).",
                 "One claim locks and one handler call holds that many rows: give at most "
                 "100,000 (a few hundred to a few thousand is usual).",
             )

@@ -178,8 +178,8 @@ def test_e077_cluster_of_the_wrong_type():
     assert messages(kind(options(cluster=3))) == [
         (
             "django_outbox.E077",
-            "uniqueapp.Probe.Job.cluster must be the name of a django-q2 cluster or None, not 3.",
-            "Remove it to use the default cluster.",
+            "uniqueapp.Probe.Job.cluster must be a django-q2 cluster name or None, not 3.",
+            "Use None for the default cluster or a name from Q_CLUSTER['ALT_CLUSTERS'].",
         )
     ]
 

@@ -11,17 +11,12 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, register
 
-from django_outbox.checks import _cluster_options, _is_positive_int
+from django_outbox.checks import errors_of
 from django_outbox.models.unique import BOOKKEEPING_FIELDS
-from django_outbox.unique.options import DEFAULTS, ORDERINGS, declared_options
+from django_outbox.options import is_positive_number
+from django_outbox.transport import cluster_options
+from django_outbox.unique.options import OPTIONS, declared_options
 
-POSITIVE_INT_OPTIONS = (
-    "max_attempts",
-    "concurrency",
-    "lease_seconds",
-    "retention_days",
-    "dispatch_every_minutes",
-)
 FIELD_OPTIONS = ("unique_fields", "unique_while_executing")
 
 
@@ -51,41 +46,22 @@ def check_kind(model: type) -> list[CheckMessage]:
             )
         ]
     declared = declared_options(model)
-    merged = {**DEFAULTS, **declared}
+    merged = OPTIONS.merged(declared)
     errors: list[CheckMessage] = []
-    unknown = sorted(set(declared) - set(DEFAULTS))
+    unknown = OPTIONS.unknown(declared)
     if unknown:
         errors.append(
             Error(
                 f"{label}.Job has unknown options: {', '.join(unknown)}.",
-                hint=f"Known options: {', '.join(sorted(DEFAULTS))}.",
+                hint=f"Known options: {', '.join(sorted(OPTIONS.by_name))}.",
                 obj=model,
                 id="django_outbox.E070",
             )
         )
     for option in FIELD_OPTIONS:
         errors.extend(_check_fields(model, option, merged[option]))
-    if merged["ordering"] not in ORDERINGS:
-        errors.append(
-            Error(
-                f"{label}.Job.ordering must be 'created' or 'ready', not {merged['ordering']!r}.",
-                hint="'created': jobs of a key run in creation order, each after the previous "
-                "one finished; 'ready': the first ready job of a key runs first.",
-                obj=model,
-                id="django_outbox.E074",
-            )
-        )
-    for option in POSITIVE_INT_OPTIONS:
-        if not _is_positive_int(merged[option]):
-            errors.append(
-                Error(
-                    f"{label}.Job.{option} must be a positive integer, not {merged[option]!r}.",
-                    hint=f"Remove it to use the default ({DEFAULTS[option]}) or give a whole "
-                    "number greater than 0.",
-                    obj=model,
-                    id="django_outbox.E075",
-                )
-            )
+    problems = OPTIONS.problems(declared, lambda option: f"{label}.Job.{option}")
+    errors.extend(errors_of(problems, obj=model))
     errors.extend(_check_backoff(model, merged["backoff_seconds"], merged["backoff_max_seconds"]))
     errors.extend(_check_cluster(model, merged["cluster"]))
     if getattr(model.perform, "__qualname__", "") == "UniqueJob.perform":
@@ -141,61 +117,30 @@ def _check_fields(model: type, option: str, value: Any) -> list[CheckMessage]:
     return errors
 
 
-def _is_positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
 def _check_backoff(model: type, base: Any, cap: Any) -> list[CheckMessage]:
-    label = model._meta.label
-    bad = [
-        (name, value)
-        for name, value in (("backoff_seconds", base), ("backoff_max_seconds", cap))
-        if not _is_positive_number(value)
+    if not (is_positive_number(base) and is_positive_number(cap)) or cap >= base:
+        return []  # a bad value is reported by the option table
+    return [
+        Error(
+            f"{model._meta.label}.Job.backoff_max_seconds ({cap}) is below backoff_seconds "
+            f"({base}).",
+            hint="The cap of the exponential backoff must be at least its base delay.",
+            obj=model,
+            id="django_outbox.E076",
+        )
     ]
-    if bad:
-        name, value = bad[0]
-        return [
-            Error(
-                f"{label}.Job.{name} must be a positive number of seconds, not {value!r}.",
-                hint=f"Remove it to use the default ({DEFAULTS[name]}) or give a number "
-                "greater than 0.",
-                obj=model,
-                id="django_outbox.E076",
-            )
-        ]
-    if cap < base:
-        return [
-            Error(
-                f"{label}.Job.backoff_max_seconds ({cap}) is below backoff_seconds ({base}).",
-                hint="The cap of the exponential backoff must be at least its base delay.",
-                obj=model,
-                id="django_outbox.E076",
-            )
-        ]
-    return []
 
 
 def _check_cluster(model: type, cluster: Any) -> list[CheckMessage]:
-    label = model._meta.label
-    if cluster is not None and not (isinstance(cluster, str) and cluster):
-        return [
-            Error(
-                f"{label}.Job.cluster must be the name of a django-q2 cluster or None, "
-                f"not {cluster!r}.",
-                hint="Remove it to use the default cluster.",
-                obj=model,
-                id="django_outbox.E077",
-            )
-        ]
-    if cluster is not None and _cluster_options(cluster) is None:
-        return [
-            Error(
-                f"{label}.Job.cluster names {cluster!r}, which Q_CLUSTER['ALT_CLUSTERS'] "
-                "does not define.",
-                hint=f"Add it to Q_CLUSTER['ALT_CLUSTERS'] and run a qcluster with "
-                f"Q_CLUSTER_NAME={cluster}, or remove cluster.",
-                obj=model,
-                id="django_outbox.E077",
-            )
-        ]
-    return []
+    if not (isinstance(cluster, str) and cluster) or cluster_options(cluster) is not None:
+        return []  # None, a defined cluster, or a bad value the option table reports
+    return [
+        Error(
+            f"{model._meta.label}.Job.cluster names {cluster!r}, which "
+            "Q_CLUSTER['ALT_CLUSTERS'] does not define.",
+            hint=f"Add it to Q_CLUSTER['ALT_CLUSTERS'] and run a qcluster with "
+            f"Q_CLUSTER_NAME={cluster}, or remove cluster.",
+            obj=model,
+            id="django_outbox.E077",
+        )
+    ]

@@ -1,7 +1,8 @@
 """The options of a unique-job kind, declared in a nested ``class Job:`` on the model.
 
-Options are read once per model class. They are not validated here: the system checks
-in :mod:`django_outbox.unique.checks` report bad values with a hint.
+Options are declared once, in :data:`OPTIONS`, and read once per model class. They are
+not validated here: the system checks in :mod:`django_outbox.unique.checks` report bad
+values with a hint.
 """
 
 from __future__ import annotations
@@ -9,24 +10,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django_outbox.options import (
+    CLUSTER,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    Option,
+    OptionTable,
+    choice,
+)
+
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
 
 ORDERINGS = ("created", "ready")
 
-DEFAULTS: dict[str, Any] = {
-    "unique_fields": (),
-    "unique_while_executing": None,
-    "ordering": "created",
-    "max_attempts": 5,
-    "backoff_seconds": 10,
-    "backoff_max_seconds": 3600,
-    "concurrency": 10,
-    "lease_seconds": 300,
-    "cluster": None,
-    "retention_days": 7,
-    "dispatch_every_minutes": 1,
-}
+OPTIONS = OptionTable(
+    Option("unique_fields", ()),  # field names of the model: E071 to E073
+    Option("unique_while_executing", None),  # the same, or None: E071 to E073
+    Option(
+        "ordering",
+        "created",
+        choice(
+            *ORDERINGS,
+            hint="'created': jobs of a key run in creation order, each after the previous "
+            "one finished; 'ready': the first ready job of a key runs first.",
+        ),
+        "E074",
+    ),
+    Option("max_attempts", 5, POSITIVE_INT, "E075"),
+    Option("backoff_seconds", 10, POSITIVE_NUMBER, "E076"),
+    Option("backoff_max_seconds", 3600, POSITIVE_NUMBER, "E076"),  # at least the base
+    Option("concurrency", 10, POSITIVE_INT, "E075"),
+    Option("lease_seconds", 300, POSITIVE_INT, "E075"),
+    Option("cluster", None, CLUSTER, "E077"),  # defined in Q_CLUSTER: E077
+    Option("retention_days", 7, POSITIVE_INT, "E075"),
+    Option("dispatch_every_minutes", 1, POSITIVE_INT, "E075"),
+)
+DEFAULTS = OPTIONS.defaults
 
 
 @dataclass(frozen=True)
@@ -79,22 +99,12 @@ def kind_options(model: type[UniqueJob]) -> KindOptions:
     cached = model.__dict__.get("_kind_options")
     if cached is not None:
         return cached
-    merged = {**DEFAULTS, **declared_options(model)}
-    unique = _names(merged["unique_fields"])
-    exclusive = merged["unique_while_executing"]
-    options = KindOptions(
-        unique_fields=unique,
-        exclusive_fields=unique if exclusive is None else _names(exclusive),
-        ordering=merged["ordering"],
-        max_attempts=merged["max_attempts"],
-        backoff_seconds=merged["backoff_seconds"],
-        backoff_max_seconds=merged["backoff_max_seconds"],
-        concurrency=merged["concurrency"],
-        lease_seconds=merged["lease_seconds"],
-        cluster=merged["cluster"],
-        retention_days=merged["retention_days"],
-        dispatch_every_minutes=merged["dispatch_every_minutes"],
-    )
+    values = OPTIONS.effective(declared_options(model))
+    unique = _names(values["unique_fields"])
+    exclusive = values.pop("unique_while_executing")
+    values["unique_fields"] = unique
+    values["exclusive_fields"] = unique if exclusive is None else _names(exclusive)
+    options = KindOptions(**values)
     model._kind_options = options
     return options
 
