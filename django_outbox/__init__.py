@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Batch": "django_outbox.process",
-    "BatchResult": "django_outbox.process",
+    "Batch": "django_outbox.batch",
+    "BatchResult": "django_outbox.batch",
     "JobError": "django_outbox.exceptions",
     "JobLeaseLost": "django_outbox.exceptions",
     "LeaseLost": "django_outbox.exceptions",
@@ -45,6 +45,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from django_outbox.batch import Batch, BatchResult
     from django_outbox.exceptions import (
         JobError,
         JobLeaseLost,
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
         UnknownStream,
     )
     from django_outbox.models import UniqueJob
-    from django_outbox.process import Batch, BatchResult
     from django_outbox.publishing import publish, publish_many
     from django_outbox.runs import kick, wake
 

@@ -39,11 +39,13 @@ from django_outbox.models import (
     StagedJob,
     StreamState,
 )
+from django_outbox.models.buffer import buffer_models
+from django_outbox.models.unique import all_kinds
 from django_outbox.process import exhaust_group
 from django_outbox.replay import replay_failed
 from django_outbox.runs import set_paused
 from django_outbox.staging import drain
-from django_outbox.status import COUNT_CAP, all_statuses
+from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
 
 #: How many rows a filter's choices are read from and a text search looks through
 #: (the newest ones): a page of a table of millions costs what one of 10,000 does.
@@ -197,9 +199,8 @@ class UniqueJobAdmin(ReadOnlyAdmin):
 def register_stream_buffers(site: admin.AdminSite = admin.site) -> None:
     """Register every custom buffer model bound to a stream and every unique-job kind,
     unless the project registered them itself."""
-    from django_outbox.unique.options import all_kinds
 
-    for model in outbox_settings().buffer_models():
+    for model in buffer_models():
         if not site.is_registered(model):
             site.register(model, BufferEventAdmin)
     for kind in all_kinds():
@@ -471,11 +472,11 @@ def dashboard_context(can_operate: bool) -> dict[str, Any]:
         }
         for status in statuses
     ]
-    staged = StagedJob.objects.filter(last_error="")
+    staged = staged_counts(COUNT_CAP)
     return {
         "streams": streams,
-        "staged_waiting": staged.values("id")[:COUNT_CAP].count(),
-        "staged_kept": StagedJob.objects.exclude(last_error="").values("id")[:COUNT_CAP].count(),
+        "staged_waiting": staged["waiting"],
+        "staged_kept": staged["kept"],
         "staged_url": reverse("admin:django_outbox_stagedjob_changelist"),
         "unique_jobs": unique_job_rows(),
         "count_cap": COUNT_CAP,
@@ -579,11 +580,7 @@ def chart_svg(counts: dict[tuple[int, str], int], now: Any) -> SafeString:
 
 
 def unique_job_rows() -> list[dict[str, Any]]:
-    """Unique jobs per kind and state, when the unique-job capability is installed."""
-    try:
-        from django_outbox.unique.metrics import unique_job_counts
-    except ImportError:
-        return []
+    """Unique jobs per kind and state."""
     rows: dict[str, dict[str, int]] = {}
     for kind, state, count in unique_job_counts(COUNT_CAP):
         rows.setdefault(kind, {})[state] = count

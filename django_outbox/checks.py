@@ -25,6 +25,7 @@ from django_outbox.conf import (
     raw_settings,
 )
 from django_outbox.db.dialect import supported
+from django_outbox.models import BufferEvent, OutboxEvent
 from django_outbox.options import OptionTable, Problem, is_positive_int
 from django_outbox.transport import cluster_options
 
@@ -235,7 +236,6 @@ def _check_callable_path(where: str, option: str, path: Any) -> list[CheckMessag
 def _check_model(
     name: Any, where: str, label: Any, models_seen: dict[str, str]
 ) -> list[CheckMessage]:
-    from django_outbox.models import BufferEvent, OutboxEvent
 
     try:
         model = apps.get_model(label)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -161,7 +162,6 @@ class StreamConfig:
     @property
     def model_class(self) -> type:
         """The buffer model class (``app_label.ModelName`` resolved through the registry)."""
-        from django.apps import apps
 
         return apps.get_model(self.model)
 
@@ -249,25 +249,6 @@ class OutboxSettings:
                 label = config.model.lower()
                 found[label] = (*found.get(label, ()), name)
         return found
-
-    def buffer_models(self) -> list[type]:
-        """Return the buffer model of every stream whose ``MODEL`` is one.
-
-        A stream whose model is not installed (check E020) or is not a buffer model
-        (E021) is left out, not raised for: this runs while Django starts, before the
-        checks can report the stream with their hint.
-        """
-        from django_outbox.models import BufferEvent  # the app registry is ready here
-
-        models = []
-        for config in self.streams.values():
-            try:
-                model = config.model_class
-            except (LookupError, ValueError, TypeError, AttributeError):
-                continue
-            if isinstance(model, type) and issubclass(model, BufferEvent):
-                models.append(model)
-        return models
 
     def stream(self, name: str) -> StreamConfig:
         """Return the stream called *name* or raise :class:`UnknownStream`."""

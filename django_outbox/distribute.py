@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from django_outbox import process, transport
+from django_outbox.batch import group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import stream_buffer
 from django_outbox.models import GroupState, OutboxGroup
@@ -89,7 +90,7 @@ def requeue_due_groups(
         filters["id__in"] = list(ids)
     requeued: list[str] = []
     exhausted = 0
-    leases, retry = process.leases(config), process.policy(config)
+    leases, retry = group_leases(config), group_policy(config)
     with transaction.atomic(using=leases.alias):
         groups = leases.expired(
             RESCUE_LIMIT, due=due, fields=("last_error", "row_errors"), **filters

@@ -41,10 +41,11 @@ from typing import Any, TypeVar
 from django.db import router, transaction
 
 from django_outbox.conf import outbox_settings
-from django_outbox.db import keys as sql
+from django_outbox.db import idempotency as sql
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import IdempotencyError
 from django_outbox.jsondata import dumps
+from django_outbox.models import IdempotencyKey
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 255
@@ -162,7 +163,6 @@ class idempotent:
         return bool(atomic.__exit__(exc_type, exc, tb))
 
     def _alias(self) -> str:
-        from django_outbox.models import IdempotencyKey
 
         return self.using or router.db_for_write(IdempotencyKey)
 

@@ -21,7 +21,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
 from django_outbox.conf import outbox_settings
-from django_outbox.status import COUNT_CAP, all_statuses
+from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
 
 GROUP_STATES = ("claimed", "running", "retrying", "dead_lettering")
 
@@ -78,26 +78,18 @@ class OutboxCollector:
     def _staged(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from django_outbox.models import StagedJob
-
         staged = GaugeMetricFamily(
             "django_outbox_staged_jobs",
             "Staged jobs waiting for the drainer, and kept with an error (bounded count).",
             labels=["state"],
         )
-        waiting = StagedJob.objects.filter(last_error="")
-        kept = StagedJob.objects.exclude(last_error="")
-        staged.add_metric(["waiting"], waiting.values("id")[: self.cap].count())
-        staged.add_metric(["kept"], kept.values("id")[: self.cap].count())
+        for state, count in staged_counts(self.cap).items():
+            staged.add_metric([state], count)
         yield staged
 
     def _unique_jobs(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        try:
-            from django_outbox.unique.metrics import unique_job_counts
-        except ImportError:
-            return
         family = GaugeMetricFamily(
             "django_outbox_unique_jobs",
             "Unique jobs per kind and state (bounded count).",

@@ -16,7 +16,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import router
 from django.db.migrations.operations.base import Operation
 
-from django_outbox.checks import STREAM_NAME
+from django_outbox.conf import STREAM_NAME
 from django_outbox.db.triggers import OPERATIONS, TriggerSpec, create_statements, drop_statements
 
 

@@ -1,8 +1,9 @@
 """Process: run a group through its stream's bulk handler, then archive and delete it.
 
-The handler receives a :class:`Batch` and returns ``None`` when every row is done, or a
-:class:`BatchResult` naming the rows that failed (only those stay in the group for the
-next attempt). Raising means the whole group failed.
+The handler receives a :class:`~django_outbox.batch.Batch` and returns ``None`` when
+every row is done, or a :class:`~django_outbox.batch.BatchResult` naming the rows that
+failed (only those stay in the group for the next attempt). Raising means the whole
+group failed.
 
 Every change to a group after its lease is taken is fenced by the attempt number: the
 statement only matches a group that is still ``running`` with the attempt this worker
@@ -15,28 +16,19 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from django.db import DatabaseError, transaction
-from django.db.models import QuerySet
 from django.db.models.functions import Now
 
+from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for, start_attempt
 from django_outbox.db.transient import is_transient, retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
-from django_outbox.lease import (
-    ERROR_LIMIT,
-    LeaseTable,
-    RetryPolicy,
-    clip,
-    describe,
-    worker_identity,
-)
+from django_outbox.lease import ERROR_LIMIT, clip, describe, worker_identity
 from django_outbox.models import GroupState, OutboxGroup, Outcome
 from django_outbox.signals import group_exhausted, group_failed, group_processed, send_on_commit
 
@@ -54,77 +46,6 @@ class ProcessOutcome(enum.StrEnum):
     KEPT = "kept"  # exhausted, but dead-lettering failed: kept for distribute to retry
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
-
-
-@dataclass
-class BatchResult:
-    """What a handler returns when some rows of its batch failed.
-
-    *failed* maps each failed row's id to its error message; those rows stay in the
-    group and are retried, every other row is archived as done.
-    """
-
-    failed: dict[int, str] = field(default_factory=dict)
-
-    @classmethod
-    def failures(cls, ids: Iterable[int], error: str) -> BatchResult:
-        """Mark every id in *ids* as failed with the same *error*."""
-        return cls({int(pk): error for pk in ids})
-
-
-class Batch:
-    """One group of buffer rows, as handed to a handler.
-
-    ``events`` is a queryset of the group's rows in id order. ``rows()`` returns them
-    as dicts (one query, no model instances) for handlers that serialize many rows.
-    """
-
-    def __init__(self, config: StreamConfig, group_id: uuid.UUID, attempt: int) -> None:
-        self.config = config
-        self.stream = config.name
-        self.group_id = group_id
-        self.attempt = attempt
-        self.model = config.model_class
-        self.started = time.monotonic()
-
-    def __repr__(self) -> str:
-        return f"<Batch {self.stream} group={self.group_id} attempt={self.attempt}>"
-
-    @property
-    def events(self) -> QuerySet:
-        return self.model._default_manager.filter(group_id=self.group_id).order_by("id")
-
-    def rows(self, *fields: str) -> list[dict[str, Any]]:
-        """Return the group's rows as dicts of *fields* (all concrete fields by default).
-
-        One query and no model instances: the cheap view for a handler that serializes
-        many rows. *fields* are column names of the buffer model (``"activity_id"``,
-        ``"payload"``); use ``events.values(...)`` to follow relations.
-        """
-        return buffer_ops(self.model).group_rows(self.group_id, fields)
-
-    @cached_property
-    def ids(self) -> list[int]:
-        return list(self.events.values_list("id", flat=True))
-
-    def heartbeat(self) -> None:
-        """Extend the lease by ``LEASE_SECONDS``; raise :class:`LeaseLost` if it is gone."""
-        leases(self.config).heartbeat(self.group_id, self.attempt)
-
-
-def leases(config: StreamConfig) -> LeaseTable:
-    """The lease engine over the group table, with the stream's lease."""
-    return LeaseTable(
-        OutboxGroup,
-        what="group",
-        lease_seconds=config.lease_seconds,
-        running=GroupState.RUNNING,
-        touch="updated_at",
-    )
-
-
-def policy(config: StreamConfig) -> RetryPolicy:
-    return RetryPolicy(config.max_attempts, config.backoff_seconds, config.backoff_max_seconds)
 
 
 def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
@@ -226,7 +147,7 @@ def _run_transactional(batch: Batch) -> ProcessOutcome:
 
 
 def _lock_fenced(batch: Batch) -> None:
-    leases(batch.config).lock(batch.group_id, batch.attempt)
+    group_leases(batch.config).lock(batch.group_id, batch.attempt)
 
 
 def finalize(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
@@ -253,7 +174,7 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
     config = batch.config
     failures = result.failed if result else {}
     failed = {str(pk): clip(err) for pk, err in failures.items()}
-    table = leases(config)
+    table = group_leases(config)
     if not failed:
         if not table.fenced(batch.group_id, batch.attempt).delete()[0]:
             raise table.lost(batch.group_id, batch.attempt)
@@ -317,7 +238,7 @@ def _record_failure(
     permanent: bool = False,
 ) -> ProcessOutcome:
     config = batch.config
-    retry = policy(config)
+    retry = group_policy(config)
     if retry.exhausted(batch.attempt, permanent=permanent):
         rows = exhaust_group(
             config, batch.group_id, batch.attempt, error, row_errors=row_errors, batch=batch
@@ -333,7 +254,7 @@ def _record_failure(
     }
     if size is not None:
         changes["size"] = size
-    leases(config).update(batch.group_id, batch.attempt, **changes)
+    group_leases(config).update(batch.group_id, batch.attempt, **changes)
     send_on_commit(
         group_failed,
         config.name,

@@ -18,8 +18,10 @@ from django.db import models, transaction
 
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, database_now
-from django_outbox.db import keys as keys_sql
+from django_outbox.db import idempotency as keys_sql
 from django_outbox.models import ArchivedEvent, IdempotencyKey, Outcome
+from django_outbox.models.unique import all_kinds
+from django_outbox.unique.options import kind_options
 
 DEFAULT_BATCH_SIZE = 5000
 
@@ -65,8 +67,6 @@ def prune_targets(streams: list[str] | None = None) -> list[PruneTarget]:
                 )
             )
     if streams is None:
-        from django_outbox.unique.options import all_kinds, kind_options
-
         for kind in all_kinds():
             days = kind_options(kind).retention_days
             targets.append(

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from django.db import transaction
+from django_q.models import Schedule
 
 from django_outbox import transport
 from django_outbox.conf import outbox_settings
-from django_outbox.unique.options import all_kinds
+from django_outbox.models.unique import all_kinds
 
 PREFIX = "django_outbox:"
 
@@ -33,7 +34,6 @@ class ScheduleSpec:
     cluster: str | None
 
     def fields(self) -> dict[str, Any]:
-        from django_q.models import Schedule
 
         return {
             "func": self.func,
@@ -107,7 +107,6 @@ def desired_schedules() -> list[ScheduleSpec]:
 
 def sync_schedules(*, apply: bool = True) -> list[ScheduleChange]:
     """Return the changes that bring the schedules in line; make them when *apply*."""
-    from django_q.models import Schedule
 
     changes: list[ScheduleChange] = []
     wanted = {spec.name: spec for spec in desired_schedules()}

@@ -41,7 +41,9 @@ from django_outbox.conf import outbox_settings
 from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
+from django_outbox.idempotency import SCOPE_MAX, idempotent
 from django_outbox.jsondata import dumps
+from django_outbox.models import StagedJob
 from django_outbox.oncommit import on_commit_once
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
@@ -65,7 +67,6 @@ INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
 
 
 def _alias(using: str | None = None) -> str:
-    from django_outbox.models import StagedJob
 
     return using or router.db_for_write(StagedJob)
 
@@ -312,7 +313,6 @@ def caller_scope(func: str) -> str:
     The same key staged for two functions guards two effects, and no caller key can meet
     the drainer's own ``staged:<id>`` keys, which live in :data:`GUARD_SCOPE` itself.
     """
-    from django_outbox.idempotency import SCOPE_MAX
 
     scope = f"{GUARD_SCOPE}:{func}"
     if len(scope) > SCOPE_MAX:
@@ -357,7 +357,6 @@ def run_staged(
     Jobs forwarded before keys had scopes of their own carry four arguments and keep the
     scope they were guarded in.
     """
-    from django_outbox.idempotency import idempotent
 
     target = import_string(task_path(func))
     with idempotent(key=key, scope=scope, store_result=False) as guard:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,7 +12,16 @@ from django.db.models import Count
 from django_outbox.conf import get_stream, outbox_settings
 from django_outbox.db import connection_for, database_now, stream_buffer
 from django_outbox.db.runs import runs_in_flight
-from django_outbox.models import ArchivedEvent, GroupState, OutboxGroup, Outcome, StreamState
+from django_outbox.models import (
+    ArchivedEvent,
+    GroupState,
+    JobState,
+    OutboxGroup,
+    Outcome,
+    StagedJob,
+    StreamState,
+)
+from django_outbox.models.unique import all_kinds
 from django_outbox.runs import effective_batch_size
 
 #: Counts stop here, so a status query never scans a huge table.
@@ -81,3 +91,18 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
 
 def all_statuses(streams: list[str] | None = None) -> list[StreamStatus]:
     return [stream_status(name) for name in (streams or list(outbox_settings().streams))]
+
+
+def staged_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+    """Staged jobs waiting for the drainer and kept with an error, each count bounded."""
+    waiting = StagedJob.objects.filter(last_error="").values("id")[:cap].count()
+    kept = StagedJob.objects.exclude(last_error="").values("id")[:cap].count()
+    return {"waiting": waiting, "kept": kept}
+
+
+def unique_job_counts(cap: int = COUNT_CAP) -> Iterator[tuple[str, str, int]]:
+    """(kind label, state, count stopping at *cap*) for every unique-job kind and state."""
+    for kind in all_kinds():
+        for state in JobState.values:
+            rows = kind._default_manager.filter(state=state).values("id")[:cap]
+            yield kind._meta.label, state, rows.count()

@@ -10,7 +10,12 @@ from typing import Any
 
 from django_outbox.distribute import distribute as distribute_stream
 from django_outbox.distribute import distribute_all
+from django_outbox.models.unique import get_kind
+from django_outbox.prune import prune_all
 from django_outbox.runs import run as run_stream
+from django_outbox.staging import GUARD_SCOPE, drain_until_empty
+from django_outbox.staging import run_staged as run_staged_job
+from django_outbox.unique.dispatch import dispatch, dispatch_all, run_job
 
 
 def distribute(stream: str | None = None) -> list[dict[str, Any]]:
@@ -36,8 +41,6 @@ def process(stream: str, group_id: str) -> list[str]:
 
 def drain_staged() -> dict[str, Any]:
     """Forward staged jobs until none is due or ``STAGING["DRAIN_SECONDS"]`` ran out."""
-    from django_outbox.staging import drain_until_empty
-
     return vars(drain_until_empty())
 
 
@@ -45,30 +48,21 @@ def run_staged(
     key: str, func: str, args: list[Any], kwargs: dict[str, Any], scope: str | None = None
 ) -> Any:
     """Run a forwarded staged job behind its idempotency guard (*scope*: see staging)."""
-    from django_outbox.staging import GUARD_SCOPE
-    from django_outbox.staging import run_staged as run
-
-    return run(key, func, args, kwargs, scope or GUARD_SCOPE)
+    return run_staged_job(key, func, args, kwargs, scope or GUARD_SCOPE)
 
 
 def prune() -> list[dict[str, Any]]:
     """Delete what has outlived its retention (``manage.py outbox_prune``)."""
-    from django_outbox.prune import prune_all
-
     return [vars(result) for result in prune_all()]
 
 
 def dispatch_unique(kind: str | None = None) -> list[dict[str, Any]]:
     """Dispatch one unique-job kind (``app_label.ModelName``), or every kind when None."""
-    from django_outbox.unique.dispatch import dispatch, dispatch_all
-    from django_outbox.unique.options import get_kind
 
     results = [dispatch(get_kind(kind))] if kind else dispatch_all()
     return [vars(result) for result in results]
 
 
 def run_unique_job(kind: str, job_id: int, attempt: int) -> str:
-    """Run attempt *attempt* of unique job *job_id* of *kind*."""
-    from django_outbox.unique.execute import execute_job
-
-    return execute_job(kind, job_id, attempt).value
+    """Run attempt *attempt* of unique job *job_id* of *kind*, then dispatch the kind."""
+    return run_job(kind, job_id, attempt).value

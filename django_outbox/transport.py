@@ -20,8 +20,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import router, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
+from django_q.brokers import get_broker
+from django_q.conf import Conf
+from django_q.humanhash import uuid
+from django_q.models import OrmQ
+from django_q.signals import pre_enqueue
+from django_q.signing import SignedPackage
+from django_q.tasks import async_task
+
+from django_outbox.models import OutboxGroup
 
 DISTRIBUTE = "django_outbox.tasks.distribute"
 RUN = "django_outbox.tasks.run"
@@ -44,7 +55,6 @@ class Job:
     save: bool | None = False
 
     def run(self) -> Any:
-        from django.utils.module_loading import import_string
 
         return import_string(self.func)(*self.args, **self.kwargs)
 
@@ -107,7 +117,6 @@ def cluster_options(cluster: str | None) -> dict[str, Any] | None:
     Read from the settings, not from django-q2's ``Conf`` (fixed when django-q2 is
     imported), so the system checks see ``override_settings``.
     """
-    from django.conf import settings
 
     q_cluster = getattr(settings, "Q_CLUSTER", {})
     if not isinstance(q_cluster, dict):
@@ -122,13 +131,11 @@ def cluster_options(cluster: str | None) -> dict[str, Any] | None:
 
 
 def _our_alias() -> str:
-    from django_outbox.models import OutboxGroup
 
     return router.db_for_write(OutboxGroup)
 
 
 def _orm_broker_alias() -> str | None:
-    from django_q.conf import Conf
 
     if Conf.ORM and not (Conf.BROKER_CLASS or Conf.IRON_MQ or Conf.SQS or Conf.MONGO):
         return Conf.ORM
@@ -136,17 +143,12 @@ def _orm_broker_alias() -> str | None:
 
 
 def _sync_mode() -> bool:
-    from django_q.conf import Conf
 
     return bool(Conf.SYNC)
 
 
 def _package(job: Job) -> str:
     """Build and sign a task package the way ``django_q.tasks.async_task`` does."""
-    from django_q.conf import Conf
-    from django_q.humanhash import uuid
-    from django_q.signals import pre_enqueue
-    from django_q.signing import SignedPackage
 
     name, task_id = uuid()
     task: dict[str, Any] = {
@@ -172,8 +174,6 @@ def _package(job: Job) -> str:
 
 
 def _bulk_insert_orm(jobs: list[Job], alias: str) -> None:
-    from django_q.conf import Conf
-    from django_q.models import OrmQ
 
     now = timezone.now()
     OrmQ.objects.using(alias).bulk_create(
@@ -186,12 +186,8 @@ def _bulk_insert_orm(jobs: list[Job], alias: str) -> None:
 
 def _send(jobs: list[Job]) -> None:
     """Push *jobs* to their brokers: one round trip per cluster where the broker allows."""
-    from django_q.brokers import get_broker
-    from django_q.conf import Conf
 
     if _sync_mode():
-        from django_q.tasks import async_task
-
         for job in jobs:
             options = {**job.options, "cluster": job.cluster}
             if job.save is not None:

@@ -15,12 +15,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.apps import apps
 from django.db import connections, models
 
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, dialect_for, stream_buffer
 from django_outbox.db import tune as sql
+from django_outbox.models import ArchivedEvent, IdempotencyKey, OutboxGroup, StagedJob, StreamState
+from django_outbox.models.unique import all_kinds
 
 #: Storage parameters of queue-like tables: vacuum and analyze after a fixed number of
 #: changed rows, whatever the table's size.
@@ -56,14 +57,6 @@ class OwnedTable:
 
 def owned_tables() -> list[OwnedTable]:
     """Every table the app owns or is bound to, each once, with its recommendation."""
-    from django_outbox.models import (
-        ArchivedEvent,
-        IdempotencyKey,
-        OutboxGroup,
-        StagedJob,
-        StreamState,
-    )
-
     tables: dict[str, OwnedTable] = {}
 
     def add(role: str, model: type[models.Model], recommended: dict[str, str]) -> None:
@@ -80,19 +73,9 @@ def owned_tables() -> list[OwnedTable]:
     add("archive", ArchivedEvent, {})
     add("staged jobs", StagedJob, CHURN_PARAMETERS)
     add("idempotency keys", IdempotencyKey, {})
-    for model in _unique_job_kinds():
+    for model in all_kinds():
         add(f"unique jobs {model._meta.label}", model, SMALL_CHURN_PARAMETERS)
     return list(tables.values())
-
-
-def _unique_job_kinds() -> Iterator[type[models.Model]]:
-    try:
-        from django_outbox.models import UniqueJob  # type: ignore[attr-defined]
-    except ImportError:
-        return
-    for model in apps.get_models():
-        if issubclass(model, UniqueJob) and not model._meta.abstract:
-            yield model
 
 
 @dataclass

@@ -37,7 +37,7 @@ def outbox_models() -> list[type]:
     """Every model the admin shows for django_outbox, custom buffers included."""
     from django.apps import apps
 
-    from django_outbox.unique.options import all_kinds
+    from django_outbox.models.unique import all_kinds
 
     labels = [m._meta.label for m in admin.site._registry]
     stream_models = {s["MODEL"] for s in settings.DJANGO_OUTBOX["STREAMS"].values() if "MODEL" in s}

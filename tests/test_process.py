@@ -12,9 +12,10 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_outbox import BatchResult, LeaseLost, publish_many, transport
+from django_outbox.batch import Batch
 from django_outbox.conf import get_stream
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, Outcome
-from django_outbox.process import Batch, ProcessOutcome, finalize, process_group, take_lease
+from django_outbox.process import ProcessOutcome, finalize, process_group, take_lease
 from django_outbox.runs import claim_group
 from tests.testapp.models import HandledCall
 

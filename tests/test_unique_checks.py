@@ -62,7 +62,7 @@ def test_the_test_kinds_pass_and_checks_are_registered():
 
 def test_registered_check_reports_a_bad_kind():
     bad = kind(options(ordering="fifo"))
-    with mock.patch("django_outbox.unique.options.all_kinds", return_value=[bad]):
+    with mock.patch("django_outbox.unique.checks.all_kinds", return_value=[bad]):
         found = [m.id for m in unique_checks.check_unique_kinds()]
     assert found == ["django_outbox.E074"]
 

@@ -17,9 +17,19 @@ from django.utils import timezone
 
 from django_outbox.db.base import BufferOps
 from django_outbox.db.dialect import Dialect, dialect_of
+from django_outbox.db.postgresql import PostgresBufferOps
+from django_outbox.db.sqlite import SQLiteBufferOps
+from django_outbox.models import GroupState, OutboxGroup
 
 if TYPE_CHECKING:
     from django_outbox.conf import StreamConfig
+
+
+#: The buffer operations of each dialect: they differ in how a group moves to the archive.
+BUFFER_OPS: dict[str, type[BufferOps]] = {
+    "postgresql": PostgresBufferOps,
+    "sqlite": SQLiteBufferOps,
+}
 
 
 def connection_for(model: type[Model]) -> BaseDatabaseWrapper:
@@ -35,11 +45,7 @@ def dialect_for(model: type[Model]) -> Dialect:
 def buffer_ops(model: type[Model], stream: str | None = None) -> BufferOps:
     """The buffer operations over *model*'s table; *stream* filters the shared buffer."""
     connection = connection_for(model)
-    vendor = dialect_of(connection).vendor
-    if vendor == "postgresql":
-        from django_outbox.db.postgresql import PostgresBufferOps as ops_class
-    else:
-        from django_outbox.db.sqlite import SQLiteBufferOps as ops_class
+    ops_class = BUFFER_OPS[dialect_of(connection).vendor]
     return ops_class(connection, model, stream)
 
 
@@ -80,7 +86,6 @@ def start_attempt(
     Returns the new attempt number, or ``None`` when the group is not queued (running
     elsewhere, finished, or gone): the caller has nothing to do.
     """
-    from django_outbox.models import GroupState, OutboxGroup
 
     connection = connection_for(OutboxGroup)
     dialect = dialect_of(connection)

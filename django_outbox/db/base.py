@@ -11,6 +11,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 
 from django_outbox.db.dialect import dialect_of
+from django_outbox.models import ArchivedEvent
 
 
 class BufferOps:
@@ -177,7 +178,6 @@ class BufferOps:
 
 
 def _archive_model() -> type[Model]:
-    from django_outbox.models import ArchivedEvent
 
     return ArchivedEvent
 

@@ -6,17 +6,16 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_outbox.db import connection_for
 from django_outbox.db.dialect import dialect_of
+from django_outbox.models import GroupState, OutboxGroup, StreamState
 
 
 def _tables(connection: BaseDatabaseWrapper) -> tuple[str, str]:
-    from django_outbox.models import OutboxGroup, StreamState
 
     qn = connection.ops.quote_name
     return qn(OutboxGroup._meta.db_table), qn(StreamState._meta.db_table)
 
 
 def _live_groups_clause(connection: BaseDatabaseWrapper) -> tuple[str, list[str]]:
-    from django_outbox.models import GroupState
 
     group_table, _ = _tables(connection)
     sql = (
@@ -32,7 +31,6 @@ def wake_state(stream: str) -> tuple[bool, bool, bool] | None:
     *busy* means a group of the stream is claimed or running under a live lease: a run
     is in flight.
     """
-    from django_outbox.models import StreamState
 
     connection = connection_for(StreamState)
     _, state_table = _tables(connection)
@@ -48,7 +46,6 @@ def wake_state(stream: str) -> tuple[bool, bool, bool] | None:
 
 def runs_in_flight(stream: str) -> int:
     """Count the stream's groups claimed or running under a live lease: its runs in flight."""
-    from django_outbox.models import GroupState, OutboxGroup
 
     connection = connection_for(OutboxGroup)
     group_table, _ = _tables(connection)

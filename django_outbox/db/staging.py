@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 
 from django_outbox.db import connection_for
 from django_outbox.db.dialect import dialect_of
+from django_outbox.models import StagedJob
 
 COLUMNS = (
     "id",
@@ -46,7 +47,6 @@ class TakenJob:
 
 
 def _model():
-    from django_outbox.models import StagedJob
 
     return StagedJob
 

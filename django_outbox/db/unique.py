@@ -17,6 +17,7 @@ from django.db.models import Field, Model
 
 from django_outbox.db import connection_for
 from django_outbox.db.dialect import dialect_of
+from django_outbox.unique.options import kind_options
 
 PENDING, RUNNING = "pending", "running"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
@@ -27,7 +28,6 @@ class JobTable:
     """Statements over one kind's table; every one a constant cost whatever its size."""
 
     def __init__(self, model: type[Model]) -> None:
-        from django_outbox.unique.options import kind_options
 
         self.model = model
         self.options = kind_options(model)

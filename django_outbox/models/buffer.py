@@ -16,6 +16,8 @@ from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.dispatch import Signal, receiver
 
+from django_outbox.conf import outbox_settings
+
 UNCLAIMED_INDEX = "outbox_unclaimed"
 GROUP_INDEX = "outbox_group"
 
@@ -114,3 +116,22 @@ class OutboxEvent(BufferEvent):
 
     def __str__(self) -> str:
         return f"{self.stream} #{self.pk}"
+
+
+def buffer_models() -> list[type[BufferEvent]]:
+    """The buffer model of every configured stream whose ``MODEL`` is one.
+
+    A stream whose model is not installed (check E020) or is not a buffer model (E021)
+    is left out, not raised for: this runs while Django starts, before the checks can
+    report the stream with their hint.
+    """
+
+    models_ = []
+    for config in outbox_settings().streams.values():
+        try:
+            model = config.model_class
+        except (LookupError, ValueError, TypeError, AttributeError):
+            continue
+        if isinstance(model, type) and issubclass(model, BufferEvent):
+            models_.append(model)
+    return models_

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.apps import apps
 from django.db import models
 from django.db.backends.utils import names_digest
 from django.db.models import Q, QuerySet
@@ -223,3 +224,22 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
     meta.indexes = [i for i in meta.indexes if i.name not in ours] + indexes
     meta.original_attrs["constraints"] = meta.constraints
     meta.original_attrs["indexes"] = meta.indexes
+
+
+def all_kinds() -> list[type[UniqueJob]]:
+    """Every concrete unique-job kind of the installed apps."""
+
+    return [
+        model
+        for model in apps.get_models()
+        if issubclass(model, UniqueJob) and not model._meta.proxy
+    ]
+
+
+def get_kind(label: str) -> type[UniqueJob]:
+    """Return the kind named ``app_label.ModelName``; raise LookupError for any other."""
+
+    model = apps.get_model(label)
+    if not issubclass(model, UniqueJob):
+        raise LookupError(f"{label} is not a unique-job kind (a subclass of UniqueJob).")
+    return model

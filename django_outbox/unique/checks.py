@@ -12,7 +12,7 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, register
 
 from django_outbox.checks import errors_of
-from django_outbox.models.unique import BOOKKEEPING_FIELDS
+from django_outbox.models.unique import BOOKKEEPING_FIELDS, all_kinds
 from django_outbox.options import is_positive_number
 from django_outbox.transport import cluster_options
 from django_outbox.unique.options import OPTIONS, declared_options
@@ -22,7 +22,6 @@ FIELD_OPTIONS = ("unique_fields", "unique_while_executing")
 
 @register()
 def check_unique_kinds(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from django_outbox.unique.options import all_kinds
 
     errors: list[CheckMessage] = []
     for model in all_kinds():

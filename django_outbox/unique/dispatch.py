@@ -21,7 +21,8 @@ from django.db import IntegrityError, transaction
 from django_outbox import transport
 from django_outbox.db.transient import retry_transient
 from django_outbox.db.unique import JobTable
-from django_outbox.unique.options import all_kinds
+from django_outbox.models.unique import all_kinds, get_kind
+from django_outbox.unique.execute import JobOutcome, execute_job, rescue_expired
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -50,7 +51,7 @@ def dispatch(model: type[UniqueJob]) -> DispatchResult:
     def dispatch_transaction() -> DispatchResult:
         with transaction.atomic(using=table.alias):
             table.lock_dispatch()
-            rescued, exhausted = rescue_expired(model, table)
+            rescued, exhausted = rescue_expired(model, RESCUE_LIMIT)
             concurrency = table.options.concurrency
             running = table.count_running(concurrency)
             started = _start(table, concurrency - running) if running < concurrency else []
@@ -109,21 +110,16 @@ def _start(table: JobTable, slots: int) -> list[tuple[int, int]]:
     return started
 
 
-def rescue_expired(model: type[UniqueJob], table: JobTable) -> tuple[int, int]:
-    """Give jobs whose lease expired back to pending, or fail them on their last attempt.
-
-    Runs inside the dispatch transaction. The lost attempt counts: a job that keeps
-    killing its worker ends up failed after ``max_attempts``. Returns (rescued,
-    exhausted).
-    """
-    from django_outbox.unique.execute import LEASE_EXPIRED, JobOutcome, leases, retry_or_fail
-
-    rescued = exhausted = 0
-    for row in leases(model).expired(RESCUE_LIMIT):
-        pk, attempt = row["pk"], row["attempt"]
-        outcome = retry_or_fail(model, pk, attempt, LEASE_EXPIRED.format(attempt=attempt), delay=0)
-        if outcome is JobOutcome.RETRYING:
-            rescued += 1
-        elif outcome in (JobOutcome.FAILED, JobOutcome.SUPERSEDED):
-            exhausted += 1
-    return rescued, exhausted
+def run_job(label: str, job_id: int, attempt: int) -> JobOutcome:
+    """Run one attempt of a job (:func:`execute_job`), then dispatch its kind again: the
+    job's slot is free. A failed dispatch leaves the kind to its schedule."""
+    outcome = execute_job(label, job_id, attempt)
+    try:
+        dispatch(get_kind(label))
+    except Exception:  # the outcome is recorded; the schedule dispatches later
+        logger.warning(
+            "Dispatch of %s after a job finished failed; its schedule will dispatch.",
+            label,
+            exc_info=True,
+        )
+    return outcome

@@ -21,8 +21,9 @@ from django_outbox.db.unique import JobTable
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
-from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState
+from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState, get_kind
 from django_outbox.oncommit import on_commit_once
+from django_outbox.unique.dispatch import dispatch
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -146,7 +147,5 @@ def kick_after_commit(model: type[UniqueJob], alias: str) -> None:
 
 def _dispatch(label: str) -> None:
     """Dispatch a kind after an enqueue committed; a failure leaves it to the schedule."""
-    from django_outbox.unique.dispatch import dispatch
-    from django_outbox.unique.options import get_kind
 
     dispatch(get_kind(label))

@@ -22,8 +22,8 @@ from django_outbox.db.transient import retry_transient
 from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
-from django_outbox.models.unique import JobState
-from django_outbox.unique.options import get_kind, kind_options
+from django_outbox.models.unique import JobState, get_kind
+from django_outbox.unique.options import kind_options
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -83,7 +83,8 @@ class Heartbeat:
 def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
     """Run attempt *attempt* of a job: take the lease, ``perform()``, record the outcome.
 
-    Then dispatch the kind again, since this job's slot is free. Always returns.
+    Always returns. :func:`django_outbox.unique.dispatch.run_job` dispatches the kind
+    again afterwards, since the job's slot is free.
     """
     model = get_kind(label)
     table = JobTable(model)
@@ -102,7 +103,6 @@ def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
         )
     else:
         outcome = finish(model, job_id, attempt)
-    _dispatch_next(model)
     return outcome
 
 
@@ -192,14 +192,19 @@ def _pending_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | None
     return manager.filter(state=JobState.PENDING, **key).values_list("pk", flat=True).first()
 
 
-def _dispatch_next(model: type[UniqueJob]) -> None:
-    from django_outbox.unique.dispatch import dispatch
+def rescue_expired(model: type[UniqueJob], limit: int) -> tuple[int, int]:
+    """Give jobs whose lease expired back to pending, or fail them on their last attempt.
 
-    try:
-        dispatch(model)
-    except Exception:  # the outcome is recorded; the schedule dispatches later
-        logger.warning(
-            "Dispatch of %s after a job finished failed; its schedule will dispatch.",
-            model._meta.label,
-            exc_info=True,
-        )
+    Runs inside the dispatch transaction. The lost attempt counts: a job that keeps
+    killing its worker ends up failed after ``max_attempts``. Returns (rescued,
+    exhausted).
+    """
+    rescued = exhausted = 0
+    for row in leases(model).expired(limit):
+        pk, attempt = row["pk"], row["attempt"]
+        outcome = retry_or_fail(model, pk, attempt, LEASE_EXPIRED.format(attempt=attempt), delay=0)
+        if outcome is JobOutcome.RETRYING:
+            rescued += 1
+        elif outcome in (JobOutcome.FAILED, JobOutcome.SUPERSEDED):
+            exhausted += 1
+    return rescued, exhausted

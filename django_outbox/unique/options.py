@@ -107,28 +107,3 @@ def kind_options(model: type[UniqueJob]) -> KindOptions:
     options = KindOptions(**values)
     model._kind_options = options
     return options
-
-
-def all_kinds() -> list[type[UniqueJob]]:
-    """Every concrete unique-job kind of the installed apps."""
-    from django.apps import apps
-
-    from django_outbox.models.unique import UniqueJob
-
-    return [
-        model
-        for model in apps.get_models()
-        if issubclass(model, UniqueJob) and not model._meta.proxy
-    ]
-
-
-def get_kind(label: str) -> type[UniqueJob]:
-    """Return the kind named ``app_label.ModelName``; raise LookupError for any other."""
-    from django.apps import apps
-
-    from django_outbox.models.unique import UniqueJob
-
-    model = apps.get_model(label)
-    if not issubclass(model, UniqueJob):
-        raise LookupError(f"{label} is not a unique-job kind (a subclass of UniqueJob).")
-    return model

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.core.cache import cache
 
 from django_outbox import BatchResult, PermanentFailure
-from django_outbox.process import Batch
+from django_outbox.batch import Batch
 from tests.testapp.models import HandledCall
 
 #: Behaviour switch for the tests, read by the ``audit`` stream's handler.

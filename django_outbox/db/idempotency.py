@@ -15,6 +15,7 @@ from typing import Any
 
 from django_outbox.db import connection_for
 from django_outbox.db.dialect import dialect_of
+from django_outbox.models import IdempotencyKey
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,6 @@ class StoredKey:
 
 
 def _model():
-    from django_outbox.models import IdempotencyKey
 
     return IdempotencyKey
 

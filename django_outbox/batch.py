@@ -1,0 +1,95 @@
+"""What a stream's handler receives and returns: :class:`Batch` and :class:`BatchResult`.
+
+A handler is called with one :class:`Batch` (a group of buffer rows under a lease) and
+returns ``None`` when every row is done, or a :class:`BatchResult` naming the rows that
+failed. Raising fails the whole group; :class:`~django_outbox.exceptions.PermanentFailure`
+skips its remaining attempts.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from django.db.models import QuerySet
+
+from django_outbox.conf import StreamConfig
+from django_outbox.db import buffer_ops
+from django_outbox.lease import LeaseTable, RetryPolicy
+from django_outbox.models import GroupState, OutboxGroup
+
+
+@dataclass
+class BatchResult:
+    """What a handler returns when some rows of its batch failed.
+
+    *failed* maps each failed row's id to its error message; those rows stay in the
+    group and are retried, every other row is archived as done.
+    """
+
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def failures(cls, ids: Iterable[int], error: str) -> BatchResult:
+        """Mark every id in *ids* as failed with the same *error*."""
+        return cls({int(pk): error for pk in ids})
+
+
+class Batch:
+    """One group of buffer rows, as handed to a handler.
+
+    ``events`` is a queryset of the group's rows in id order. ``rows()`` returns them
+    as dicts (one query, no model instances) for handlers that serialize many rows.
+    """
+
+    def __init__(self, config: StreamConfig, group_id: uuid.UUID, attempt: int) -> None:
+        self.config = config
+        self.stream = config.name
+        self.group_id = group_id
+        self.attempt = attempt
+        self.model = config.model_class
+        self.started = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"<Batch {self.stream} group={self.group_id} attempt={self.attempt}>"
+
+    @property
+    def events(self) -> QuerySet:
+        return self.model._default_manager.filter(group_id=self.group_id).order_by("id")
+
+    def rows(self, *fields: str) -> list[dict[str, Any]]:
+        """Return the group's rows as dicts of *fields* (all concrete fields by default).
+
+        One query and no model instances: the cheap view for a handler that serializes
+        many rows. *fields* are column names of the buffer model (``"activity_id"``,
+        ``"payload"``); use ``events.values(...)`` to follow relations.
+        """
+        return buffer_ops(self.model).group_rows(self.group_id, fields)
+
+    @cached_property
+    def ids(self) -> list[int]:
+        return list(self.events.values_list("id", flat=True))
+
+    def heartbeat(self) -> None:
+        """Extend the lease by ``LEASE_SECONDS``; raise :class:`LeaseLost` if it is gone."""
+        group_leases(self.config).heartbeat(self.group_id, self.attempt)
+
+
+def group_leases(config: StreamConfig) -> LeaseTable:
+    """The lease engine over the group table, with the stream's lease."""
+    return LeaseTable(
+        OutboxGroup,
+        what="group",
+        lease_seconds=config.lease_seconds,
+        running=GroupState.RUNNING,
+        touch="updated_at",
+    )
+
+
+def group_policy(config: StreamConfig) -> RetryPolicy:
+    """After a failed attempt of one of the stream's groups: retry or dead-letter."""
+    return RetryPolicy(config.max_attempts, config.backoff_seconds, config.backoff_max_seconds)

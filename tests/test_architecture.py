@@ -1,0 +1,158 @@
+"""The package's layers: a module imports only from its own layer or the layers below.
+
+Read with the README's Architecture section. An import inside a function counts like
+one at the top of the module: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_outbox"
+
+#: Layers, lowest first. A module not named here belongs to the engine.
+BASE = {
+    "django_outbox",
+    "django_outbox.exceptions",
+    "django_outbox.options",
+    "django_outbox.durations",
+    "django_outbox.jsondata",
+    "django_outbox.backoff",
+    "django_outbox.oncommit",
+    "django_outbox.db.dialect",
+    "django_outbox.db.transient",
+    "django_outbox.unique",
+}
+CONFIG = {"django_outbox.conf", "django_outbox.unique.options"}
+INTERFACE = {
+    "django_outbox.admin",
+    "django_outbox.apps",
+    "django_outbox.checks",
+    "django_outbox.unique.checks",
+    "django_outbox.metrics",
+    "django_outbox.tasks",
+    "django_outbox.urls",
+    "django_outbox.management",
+    "django_outbox.management.commands",
+}
+LAYERS = ("base", "config", "models", "sql", "engine", "interface")
+
+#: The one upward import allowed: the public ``Kind.enqueue()`` and ``Kind.dispatch()``
+#: of a unique-job model reach the engine through a lazy accessor.
+ALLOWED = {
+    ("django_outbox.models.unique", "django_outbox.unique.enqueue"),
+    ("django_outbox.models.unique", "django_outbox.unique.dispatch"),
+}
+
+
+def layer(module: str) -> int:
+    if module in BASE:
+        return 0
+    if module in CONFIG:
+        return 1
+    if module == "django_outbox.models" or module.startswith("django_outbox.models."):
+        return 2
+    if module == "django_outbox.db" or module.startswith("django_outbox.db."):
+        return 3
+    if module in INTERFACE or module.startswith("django_outbox.management."):
+        return 5
+    return 4
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Every django_outbox module *path* imports at run time, anywhere in the file.
+
+    ``if TYPE_CHECKING:`` blocks are left out: they are never executed.
+    """
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:  # a submodule, or a name of the module itself
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in known else node.module)
+    return found & set(known)
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = sorted(
+        f"{a} ({LAYERS[layer(a)]}) imports {b} ({LAYERS[layer(b)]})"
+        for a, targets in graph().items()
+        for b in targets
+        if layer(b) > layer(a) and (a, b) not in ALLOWED
+    )
+    assert upward == []
+
+
+def test_the_imports_have_no_cycle():
+    edges = {a: {b for b in targets if (a, b) not in ALLOWED} for a, targets in graph().items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(edges[node]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for start in sorted(edges):
+        if start not in state:
+            visit(start, [start])
+    assert cycles == []
+
+
+def test_the_layer_rules_catch_an_upward_import(tmp_path, monkeypatch):
+    """The test above can fail: a model importing the engine is reported."""
+    fake = {"django_outbox.models.fake": tmp_path / "fake.py"}
+    fake["django_outbox.models.fake"].write_text("from django_outbox.runs import wake\n")
+    known = {**modules(), **fake}
+    found = imports(fake["django_outbox.models.fake"], known)
+    assert found == {"django_outbox.runs"}
+    assert layer("django_outbox.runs") > layer("django_outbox.models.fake")
+
+
+@pytest.mark.parametrize("statement", ["import django_outbox"])
+def test_importing_the_package_loads_nothing_else(statement):
+    """``import django_outbox`` (a settings file, INSTALLED_APPS) stays cheap: no
+    submodule, no Django ORM."""
+    code = (
+        f"{statement}; import sys; "
+        "print(sorted(m for m in sys.modules if m.startswith('django_outbox') "
+        "or m.startswith('django.db')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['django_outbox']"
