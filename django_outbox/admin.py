@@ -235,6 +235,15 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
     def short_error(self, group: OutboxGroup) -> str:
         return last_line(group.last_error)[:120]
 
+    def _due_now(
+        self, queryset: QuerySet[OutboxGroup], states: list[str], due_field: str
+    ) -> tuple[int, int, int]:
+        """Make the selected groups in *states* due now; (selected, re-enqueued, exhausted)."""
+        chosen = queryset.filter(state__in=states)
+        ids = list(chosen.values_list("id", flat=True))
+        chosen.update(**{due_field: Now() - timedelta(seconds=1)})
+        return len(ids), *self._requeue(ids)
+
     def _requeue(self, ids: list[Any]) -> tuple[int, int]:
         """Re-enqueue (or dead-letter, when spent) the selected groups that are due."""
         requeued = exhausted = 0
@@ -251,10 +260,8 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
         permissions=["operate"],
     )
     def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        chosen = queryset.filter(state__in=[GroupState.RETRYING, GroupState.DEAD_LETTERING])
-        ids = list(chosen.values_list("id", flat=True))
-        chosen.update(next_attempt_at=Now() - timedelta(seconds=1))
-        requeued, exhausted = self._requeue(ids)
+        waiting = [GroupState.RETRYING, GroupState.DEAD_LETTERING]
+        _, requeued, exhausted = self._due_now(queryset, waiting, "next_attempt_at")
         self.message_user(
             request,
             f"{requeued} group(s) re-enqueued for their next attempt, {exhausted} dead-lettered.",
@@ -262,13 +269,11 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Release lease (claimed or running groups)", permissions=["operate"])
     def release_lease(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        chosen = queryset.filter(state__in=[GroupState.CLAIMED, GroupState.RUNNING])
-        ids = list(chosen.values_list("id", flat=True))
-        chosen.update(lease_expires_at=Now() - timedelta(seconds=1))
-        requeued, exhausted = self._requeue(ids)
+        leased = [GroupState.CLAIMED, GroupState.RUNNING]
+        released, requeued, exhausted = self._due_now(queryset, leased, "lease_expires_at")
         self.message_user(
             request,
-            f"{len(ids)} lease(s) released; {requeued} group(s) re-enqueued, {exhausted} "
+            f"{released} lease(s) released; {requeued} group(s) re-enqueued, {exhausted} "
             "dead-lettered (their last attempt). A worker still running one of them can no "
             "longer finalize it.",
         )

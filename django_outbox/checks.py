@@ -47,15 +47,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         ]
     errors: list[CheckMessage] = []
-    unknown = GLOBAL_OPTIONS.unknown(raw)
-    if unknown:
-        errors.append(
-            Error(
-                f"{SETTING_NAME} has unknown keys: {', '.join(unknown)}.",
-                hint=f"Known keys: {', '.join(sorted(GLOBAL_OPTIONS.by_name))}.",
-                id="django_outbox.E002",
-            )
-        )
+    unknown = GLOBAL_OPTIONS.unknown_problems(raw, where=SETTING_NAME, check="E002", noun="keys")
+    errors.extend(errors_of(unknown))
     errors.extend(errors_of(GLOBAL_OPTIONS.problems(raw, lambda name: f"{SETTING_NAME}['{name}']")))
     errors.extend(_check_staging(raw.get("STAGING", {})))
     errors.extend(_check_section("IDEMPOTENCY", raw.get("IDEMPOTENCY", {}), IDEMPOTENCY_OPTIONS))
@@ -97,15 +90,10 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             )
         )
         return errors
-    unknown = STREAM_OPTIONS.unknown(options, also=tuple(REMOVED_STREAM_OPTIONS))
-    if unknown:
-        errors.append(
-            Error(
-                f"{where} has unknown options: {', '.join(unknown)}.",
-                hint=f"Known options: {', '.join(sorted(STREAM_OPTIONS.by_name))}.",
-                id="django_outbox.E006",
-            )
-        )
+    unknown = STREAM_OPTIONS.unknown_problems(
+        options, where=where, check="E006", also=tuple(REMOVED_STREAM_OPTIONS)
+    )
+    errors.extend(errors_of(unknown))
     for option in sorted(set(options) & set(REMOVED_STREAM_OPTIONS)):
         errors.append(
             Warning(
@@ -155,18 +143,9 @@ def _check_section(section: str, options: Any, table: OptionTable) -> list[Check
                 id="django_outbox.E050",
             )
         ]
-    errors: list[CheckMessage] = []
-    unknown = table.unknown(options)
-    if unknown:
-        errors.append(
-            Error(
-                f"{where} has unknown options: {', '.join(unknown)}.",
-                hint=known,
-                id="django_outbox.E051",
-            )
-        )
-    errors.extend(errors_of(table.problems(options, lambda option: f"{where}['{option}']")))
-    return errors
+    problems = table.unknown_problems(options, where=where, check="E051")
+    problems += table.problems(options, lambda option: f"{where}['{option}']")
+    return errors_of(problems)
 
 
 def _check_staging(options: Any) -> list[CheckMessage]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 #: How deep lists and dicts may nest in one value (``[[1]]`` is two levels).
@@ -42,6 +43,14 @@ def dumps(value: Any, *, cls: type[json.JSONEncoder] | None = None) -> str:
             "cannot store"
         )
     return text
+
+
+def dumps_or(refuse: Callable[[Exception], Exception], value: Any) -> str:
+    """:func:`dumps` *value*, or raise ``refuse(error)`` (a library exception) from it."""
+    try:
+        return dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise refuse(exc) from exc
 
 
 def storable_text(text: str) -> bool:

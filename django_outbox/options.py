@@ -146,6 +146,22 @@ class OptionTable:
         """The names in *given* that are not options (nor in *also*), sorted."""
         return sorted(str(name) for name in set(given) - set(self.by_name) - set(also))
 
+    def unknown_problems(
+        self, given: dict[str, Any], *, where: str, check: str, noun: str = "options", **kw: Any
+    ) -> list[Problem]:
+        """The names in *given* that are not options, as one problem (or none)."""
+        unknown = self.unknown(given, **kw)
+        if not unknown:
+            return []
+        known = ", ".join(sorted(self.by_name))
+        return [
+            Problem(
+                check,
+                f"{where} has unknown {noun}: {', '.join(unknown)}.",
+                f"Known {noun}: {known}.",
+            )
+        ]
+
     def problems(self, given: dict[str, Any], where: Callable[[str], str]) -> list[Problem]:
         """Every value of *given* (over the defaults) its kind or bound refuses.
 

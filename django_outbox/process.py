@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for, start_attempt
+from django_outbox.db.base import Move
 from django_outbox.db.transient import is_transient, retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import ERROR_LIMIT, clip, describe, worker_identity
@@ -183,11 +184,13 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
     ops = buffer_ops(batch.model)
     done = ops.archive_group(
         batch.group_id,
-        stream=config.name,
-        outcome=Outcome.DONE,
-        attempts=batch.attempt,
-        keep_ids=[int(pk) for pk in failed],
-        archive=config.archive,
+        Move(
+            config.name,
+            Outcome.DONE,
+            batch.attempt,
+            keep_ids=tuple(int(pk) for pk in failed),
+            archive=config.archive,
+        ),
     )
     if done:
         send_on_commit(
@@ -298,11 +301,7 @@ def exhaust_group(
             _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
             rows = buffer_ops(config.model_class).archive_group(
                 group_id,
-                stream=config.name,
-                outcome=Outcome.FAILED,
-                attempts=attempt,
-                error=clip(error),
-                row_errors=row_errors,
+                Move(config.name, Outcome.FAILED, attempt, clip(error), row_errors=row_errors),
             )
             OutboxGroup.objects.filter(id=group_id).delete()
     except Exception as exc:

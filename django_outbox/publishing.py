@@ -16,7 +16,7 @@ from django.db.models import JSONField, Value
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.exceptions import PayloadError, WrongBufferModel
-from django_outbox.jsondata import MAX_DEPTH, dumps
+from django_outbox.jsondata import MAX_DEPTH, dumps_or
 from django_outbox.models import OutboxEvent
 from django_outbox.runs import wake
 
@@ -34,14 +34,14 @@ def _check(stream: str) -> StreamConfig:
 
 
 def _dumps(stream: str, payload: Any) -> str:
-    try:
-        return dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(
+    return dumps_or(
+        lambda exc: PayloadError(
             f"The payload for stream {stream!r} is not JSON that can be stored: {exc}. Pass "
             "dicts, lists, strings, numbers, booleans and None only (no NaN or infinity, "
             f"no NUL characters), nested at most {MAX_DEPTH} levels."
-        ) from exc
+        ),
+        payload,
+    )
 
 
 def publish(stream: str, payload: Any) -> int:

@@ -42,7 +42,7 @@ from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
 from django_outbox.idempotency import SCOPE_MAX, idempotent
-from django_outbox.jsondata import dumps
+from django_outbox.jsondata import dumps_or
 from django_outbox.models import StagedJob
 from django_outbox.oncommit import on_commit_once
 from django_outbox.signals import send_robust, staged_jobs_forwarded
@@ -140,13 +140,13 @@ def check_options(q_options: Any) -> dict[str, Any]:
 
 
 def _dumps(what: str, value: Any) -> str:
-    try:
-        return dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise StagingError(
+    return dumps_or(
+        lambda exc: StagingError(
             f"The {what} of a staged job must be JSON: {exc}. Pass ids, strings, numbers, "
             "booleans, None, lists and dicts of them, and load objects in the task."
-        ) from exc
+        ),
+        value,
+    )
 
 
 def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int | None:

@@ -20,6 +20,7 @@ from django.db import connections, models
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, dialect_for, stream_buffer
 from django_outbox.db import tune as sql
+from django_outbox.db.base import Move
 from django_outbox.models import ArchivedEvent, IdempotencyKey, OutboxGroup, StagedJob, StreamState
 from django_outbox.models.unique import all_kinds
 
@@ -249,9 +250,9 @@ def pipeline_statements() -> list[Statement]:
                 stream.name,
                 "finalize",
                 table,
-                *ops.archive_sql(
-                    group, stream=stream.name, outcome="done", attempts=1, archive=stream.archive
-                ),
+                *ops.move_statements(group, Move(stream.name, "done", 1, archive=stream.archive))[
+                    -1
+                ],
             ),
         ]
     return statements

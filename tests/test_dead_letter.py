@@ -41,11 +41,11 @@ def archive_fails_for(monkeypatch):
     real = ops_class.archive_group
     doomed: set = set()
 
-    def archive_group(self, group_id, **kwargs):
+    def archive_group(self, group_id, move):
         if group_id in doomed:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT no_such_column FROM django_outbox_outboxevent")
-        return real(self, group_id, **kwargs)
+        return real(self, group_id, move)
 
     monkeypatch.setattr(ops_class, "archive_group", archive_group)
     return doomed

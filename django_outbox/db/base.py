@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist
@@ -157,24 +159,54 @@ class BufferOps:
         assert row is not None
         return int(row[0])
 
-    def archive_group(
-        self,
-        group_id: uuid.UUID,
-        *,
-        stream: str,
-        outcome: str,
-        attempts: int,
-        error: str = "",
-        keep_ids: Iterable[int] = (),
-        row_errors: Mapping[str, str] | None = None,
-        archive: bool = True,
-    ) -> int:
-        """Archive (when *archive*) and delete the group's rows except *keep_ids*.
+    def archive_group(self, group_id: uuid.UUID, move: Move) -> int:
+        """Archive (when ``move.archive``) and delete the group's rows but ``move.keep_ids``.
 
-        Each archived row gets *error*, or its own entry in *row_errors* (keyed by the
-        row id as a string). Returns the number of rows deleted.
+        Returns the number of rows deleted.
         """
+        rows = 0
+        for sql, params in self.move_statements(group_id, move):
+            rows = self.execute(sql, params)  # the last statement deletes
+        return rows
+
+    def move_statements(self, group_id: uuid.UUID, move: Move) -> list[tuple[str, list[Any]]]:
+        """The statements of :meth:`archive_group`, the DELETE last."""
         raise NotImplementedError
+
+    def group_where(self, group_id: uuid.UUID, move: Move) -> tuple[str, list[Any]]:
+        """The group's rows that leave the buffer: all but ``move.keep_ids``."""
+        where, params = "group_id = %s", [self.group_param(group_id)]
+        if move.keep_ids:
+            keep, keep_params = self.dialect.in_ids(move.keep_ids, negate=True)
+            where, params = f"{where} AND {keep}", [*params, *keep_params]
+        return where, params
+
+
+@dataclass(frozen=True)
+class Move:
+    """How a group's rows leave the buffer: into the archive with this outcome, or not.
+
+    Each archived row gets *error*, or its own entry in *row_errors* (keyed by the row
+    id as a string); the rows of *keep_ids* stay in the group.
+    """
+
+    stream: str
+    outcome: str
+    attempts: int
+    error: str = ""
+    keep_ids: tuple[int, ...] = ()
+    row_errors: Mapping[str, str] | None = None
+    archive: bool = True
+
+    def archive_params(self) -> list[Any]:
+        """Parameters of the archive columns stream, outcome, attempts, row errors, error."""
+        return [
+            self.stream,
+            self.outcome,
+            self.attempts,
+            json.dumps(dict(self.row_errors or {})),
+            self.error,
+        ]
 
 
 def _archive_model() -> type[Model]:

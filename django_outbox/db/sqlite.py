@@ -6,13 +6,12 @@ write lock when it begins; then concurrent processes claim disjoint groups.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterable, Mapping
+from typing import Any
 
 from django.db import models
 
-from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps
+from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps, Move
 
 
 class SQLiteBufferOps(BufferOps):
@@ -36,36 +35,16 @@ class SQLiteBufferOps(BufferOps):
             parts.append(f"'{key}', {value}")
         return f"json_object({', '.join(parts)})"
 
-    def archive_group(
-        self,
-        group_id: uuid.UUID,
-        *,
-        stream: str,
-        outcome: str,
-        attempts: int,
-        error: str = "",
-        keep_ids: Iterable[int] = (),
-        row_errors: Mapping[str, str] | None = None,
-        archive: bool = True,
-    ) -> int:
-        keep = list(keep_ids)
-        where, where_params = "group_id = %s", [self.group_param(group_id)]
-        if keep:
-            keep_clause, keep_params = self.dialect.in_ids(keep, negate=True)
-            where, where_params = f"{where} AND {keep_clause}", [*where_params, *keep_params]
-        if archive:
-            self.execute(
-                f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
-                f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, "
-                f"{self.dialect.now}, %s, %s, COALESCE(json_extract(%s, '$.\"' || id || '\"'), %s) "
-                f"FROM {self.table} WHERE {where}",
-                [
-                    stream,
-                    outcome,
-                    attempts,
-                    json.dumps(dict(row_errors or {})),
-                    error,
-                    *where_params,
-                ],
-            )
-        return self.execute(f"DELETE FROM {self.table} WHERE {where}", where_params)
+    def move_statements(self, group_id: uuid.UUID, move: Move) -> list[tuple[str, list[Any]]]:
+        where, params = self.group_where(group_id, move)
+        delete = (f"DELETE FROM {self.table} WHERE {where}", params)
+        if not move.archive:
+            return [delete]
+        insert = (
+            f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
+            f"SELECT %s, id, group_id, {self.snapshot_sql()}, created_at, "
+            f"{self.dialect.now}, %s, %s, COALESCE(json_extract(%s, '$.\"' || id || '\"'), %s) "
+            f"FROM {self.table} WHERE {where}",
+            [*move.archive_params(), *params],
+        )
+        return [insert, delete]

@@ -46,17 +46,9 @@ def check_kind(model: type) -> list[CheckMessage]:
         ]
     declared = declared_options(model)
     merged = OPTIONS.merged(declared)
-    errors: list[CheckMessage] = []
-    unknown = OPTIONS.unknown(declared)
-    if unknown:
-        errors.append(
-            Error(
-                f"{label}.Job has unknown options: {', '.join(unknown)}.",
-                hint=f"Known options: {', '.join(sorted(OPTIONS.by_name))}.",
-                obj=model,
-                id="django_outbox.E070",
-            )
-        )
+    errors = errors_of(
+        OPTIONS.unknown_problems(declared, where=f"{label}.Job", check="E070"), obj=model
+    )
     for option in FIELD_OPTIONS:
         errors.extend(_check_fields(model, option, merged[option]))
     problems = OPTIONS.problems(declared, lambda option: f"{label}.Job.{option}")
