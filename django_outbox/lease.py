@@ -6,8 +6,8 @@ through :meth:`LeaseTable.fenced`, which matches the row while it is still runni
 attempt: a worker whose lease expired and was taken over (a rescue, a duplicate
 delivery) changes nothing and gets :class:`~django_outbox.exceptions.LeaseLost`.
 
-* :class:`LeaseTable` — fenced updates, heartbeat, row lock and the expired leases of
-  one table (the database's clock throughout);
+* :class:`LeaseTable` — taking the lease of attempt n, fenced updates, heartbeat, row
+  lock and the expired leases of one table (the database's clock throughout);
 * :class:`RetryPolicy` — after a failed or lost attempt: retry after a backoff, or
   exhaust (last attempt, or a permanent failure);
 * :func:`describe`, :func:`clip`, :func:`last_line` — errors as they are stored, logged
@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 
 from django_outbox.backoff import backoff_seconds
 from django_outbox.db import connection_for
+from django_outbox.db import leases as leases_sql
 from django_outbox.exceptions import LeaseLost
 
 #: Stored errors keep at most this many characters (their end).
@@ -113,6 +114,32 @@ class LeaseTable:
         if self.touch:
             changes.setdefault(self.touch, Now())
         return self.fenced(pk, attempt).update(**changes)
+
+    def take(
+        self,
+        pk: Any,
+        worker: str,
+        *,
+        where: dict[str, Any],
+        next_attempt: bool = False,
+        stamp: tuple[str, ...] = (),
+    ) -> int | None:
+        """Lease the row to *worker* if it matches *where*; the attempt leased, or None.
+
+        With *next_attempt* the row starts running its next attempt (a group taken from
+        the queue); without, it keeps the attempt a dispatcher gave it (a unique job).
+        None means there is nothing to run: a duplicate delivery, work running elsewhere
+        or already finished.
+        """
+        return leases_sql.take(
+            self.model,
+            pk,
+            lease_seconds=self.lease.total_seconds(),
+            worker=worker,
+            where=where,
+            running=self.running if next_attempt else None,
+            stamp=(*stamp, self.touch) if self.touch else stamp,
+        )
 
     def lost(self, pk: Any, attempt: int) -> LeaseLost:
         return LeaseLost(pk, attempt, what=self.what)

@@ -25,7 +25,7 @@ from django.db.models.functions import Now
 
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
-from django_outbox.db import buffer_ops, connection_for, start_attempt
+from django_outbox.db import buffer_ops, connection_for
 from django_outbox.db.base import Move
 from django_outbox.db.transient import is_transient, retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
@@ -55,7 +55,12 @@ def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
     ``None`` means a duplicate delivery, a group already running elsewhere, or a group
     that no longer exists: the job has nothing to do.
     """
-    return start_attempt(group_id, config.name, config.lease_seconds, worker_identity())
+    return group_leases(config).take(
+        group_id,
+        worker_identity(),
+        where={"stream": config.name, "state": GroupState.CLAIMED},
+        next_attempt=True,
+    )
 
 
 def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:

@@ -27,7 +27,14 @@ from django_outbox.exceptions import DurationError, JobError, JobLeaseLost, Leas
 from django_outbox.jsondata import MAX_DEPTH
 from django_outbox.models import JobState, UniqueJob
 from django_outbox.unique.dispatch import RUN, dispatch
-from django_outbox.unique.execute import Heartbeat, JobOutcome, execute_job, finish, retry_or_fail
+from django_outbox.unique.execute import (
+    Heartbeat,
+    JobOutcome,
+    execute_job,
+    finish,
+    retry_or_fail,
+    take_lease,
+)
 from tests.uniqueapp.models import (
     BeatingJob,
     JobRun,
@@ -386,8 +393,7 @@ def test_a_second_delivery_of_the_same_attempt_is_skipped():
     with transport.capture() as queue:
         KeyedJob.enqueue(key="a")
     label, pk, attempt = queue[0].args
-    table = JobTable(KeyedJob)
-    assert table.take_lease(pk, attempt, "first worker")
+    assert take_lease(KeyedJob, pk, attempt, "first worker")
 
     with transport.capture():
         assert execute_job(label, pk, attempt) is JobOutcome.SKIPPED

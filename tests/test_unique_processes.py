@@ -22,10 +22,9 @@ from django.db.models.functions import Now
 
 from django_outbox import transport
 from django_outbox.db import database_now
-from django_outbox.db.unique import JobTable
 from django_outbox.models import JobState
 from django_outbox.unique.dispatch import dispatch
-from django_outbox.unique.execute import JobOutcome, finish
+from django_outbox.unique.execute import JobOutcome, finish, take_lease
 from tests.procs import fail_on_queue_failures, log_problems, qcluster, running, wait_until
 from tests.uniqueapp.models import (
     BeatingJob,
@@ -241,7 +240,7 @@ def test_a_zombie_worker_cannot_finish_a_job_it_lost(tmp_path, heartbeat):
                 assert dispatch(KeyedJob).rescued == 1
             assert queue[0].args == ("uniqueapp.KeyedJob", job.pk, 2)
             # The fresh attempt is still running when the zombie wakes up.
-            assert JobTable(KeyedJob).take_lease(job.pk, 2, "fresh worker")
+            assert take_lease(KeyedJob, job.pk, 2, "fresh worker")
         finally:
             (tmp_path / "go").touch()
             os.kill(zombie.pid, signal.SIGCONT)

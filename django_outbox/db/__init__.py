@@ -6,7 +6,6 @@ nothing outside this package builds SQL or asks which database it runs on.
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -19,7 +18,6 @@ from django_outbox.db.base import BufferOps
 from django_outbox.db.dialect import Dialect, dialect_of
 from django_outbox.db.postgresql import PostgresBufferOps
 from django_outbox.db.sqlite import SQLiteBufferOps
-from django_outbox.models import GroupState, OutboxGroup
 
 if TYPE_CHECKING:
     from django_outbox.conf import StreamConfig
@@ -62,7 +60,6 @@ __all__ = [
     "database_now",
     "dialect_for",
     "dialect_of",
-    "start_attempt",
     "stream_buffer",
 ]
 
@@ -76,28 +73,3 @@ def database_now(alias: str = "default") -> datetime:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
-
-
-def start_attempt(
-    group_id: uuid.UUID, stream: str, lease_seconds: float, worker: str
-) -> int | None:
-    """Move a queued group to running with the next attempt number, in one statement.
-
-    Returns the new attempt number, or ``None`` when the group is not queued (running
-    elsewhere, finished, or gone): the caller has nothing to do.
-    """
-
-    connection = connection_for(OutboxGroup)
-    dialect = dialect_of(connection)
-    expiry, expiry_params = dialect.seconds_from_now(lease_seconds)
-    table = connection.ops.quote_name(OutboxGroup._meta.db_table)
-    pk = OutboxGroup._meta.pk.get_db_prep_value(group_id, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET state = %s, attempt = attempt + 1, "
-            f"lease_expires_at = {expiry}, worker = %s, updated_at = {dialect.now} "
-            "WHERE id = %s AND stream = %s AND state = %s RETURNING attempt",
-            [GroupState.RUNNING, *expiry_params, worker, pk, stream, GroupState.CLAIMED],
-        )
-        row = cursor.fetchone()
-    return int(row[0]) if row else None

@@ -206,20 +206,3 @@ class JobTable:
             [*set_params, job_id, PENDING],
         )
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
-
-    # -- execution -------------------------------------------------------------------
-
-    def take_lease(self, job_id: int, attempt: int, worker: str) -> bool:
-        """Start attempt *attempt* of a dispatched job: renew its lease, stamp the start.
-
-        Fenced by the attempt and by ``started_at IS NULL``, so a second delivery of the
-        same django-q2 task (or a task of a lost attempt) takes nothing.
-        """
-        expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
-        rows = self._rows(
-            f"UPDATE {self.table} SET lease_expires_at = {expiry}, started_at = {self.now}, "
-            "worker = %s WHERE id = %s AND attempt = %s AND state = %s AND started_at IS NULL "
-            "RETURNING id",
-            [*expiry_params, worker, job_id, attempt, RUNNING],
-        )
-        return bool(rows)

@@ -19,7 +19,6 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from django_outbox.db.transient import retry_transient
-from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
 from django_outbox.models.unique import JobState, get_kind
@@ -80,6 +79,16 @@ class Heartbeat:
         self.leases.heartbeat(self.job_id, self.attempt)
 
 
+def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> bool:
+    """Start attempt *attempt* of a dispatched job: renew its lease, stamp the start.
+
+    Fenced by the attempt and by ``started_at IS NULL``, so a second delivery of the same
+    django-q2 task (or a task of a lost attempt) takes nothing.
+    """
+    where = {"attempt": attempt, "state": JobState.RUNNING, "started_at": None}
+    return leases(model).take(job_id, worker, where=where, stamp=("started_at",)) is not None
+
+
 def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
     """Run attempt *attempt* of a job: take the lease, ``perform()``, record the outcome.
 
@@ -87,11 +96,10 @@ def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
     again afterwards, since the job's slot is free.
     """
     model = get_kind(label)
-    table = JobTable(model)
-    if not table.take_lease(job_id, attempt, worker_identity()):
+    if not take_lease(model, job_id, attempt, worker_identity()):
         logger.info("%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt)
         return JobOutcome.SKIPPED
-    job = model._default_manager.using(table.alias).get(pk=job_id)
+    job = leases(model).objects().get(pk=job_id)
     try:
         job.perform(Heartbeat(model, job_id, attempt))
     except LeaseLost:
