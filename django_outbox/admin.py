@@ -211,6 +211,23 @@ def register_stream_buffers(site: admin.AdminSite = admin.site) -> None:
 # -- groups ----------------------------------------------------------------------------
 
 
+class IsolatingFilter(admin.SimpleListFilter):
+    """Groups split from a group that failed as a whole (failure isolation)."""
+
+    title = "failure isolation"
+    parameter_name = "isolating"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "split from a failed group"), ("no", "claimed as they are")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "yes":
+            return queryset.filter(split_depth__gt=0)
+        if self.value() == "no":
+            return queryset.filter(split_depth=0)
+        return queryset
+
+
 @admin.register(OutboxGroup)
 class OutboxGroupAdmin(ReadOnlyAdmin):
     list_display = (
@@ -219,11 +236,12 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
         "state",
         "attempt",
         "size",
+        "split_depth",
         "lease_expires_at",
         "next_attempt_at",
         "short_error",
     )
-    list_filter = (StreamFilter, "state")
+    list_filter = (StreamFilter, "state", IsolatingFilter)
     search_fields = ("=id",)
     text_search_fields = ("last_error",)
     ordering = ("-created_at",)

@@ -65,6 +65,7 @@ STREAM_OPTIONS = OptionTable(
     Option("TRANSACTIONAL", False, BOOL, "E031"),
     Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
     Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
+    Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
     Option(
         "ARCHIVE_RETENTION_DAYS",
         None,
@@ -154,6 +155,7 @@ class StreamConfig:
     on_exhausted: str | None = None
     archive_retention_days: int | None = None
     archive_failed_retention_days: int | None = None
+    isolate_failures: bool = True
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:

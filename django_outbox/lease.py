@@ -131,7 +131,25 @@ class LeaseTable:
         None means there is nothing to run: a duplicate delivery, work running elsewhere
         or already finished.
         """
-        return leases_sql.take(
+        taken = self.take_row(pk, worker, where=where, next_attempt=next_attempt, stamp=stamp)
+        return taken[0] if taken else None
+
+    def take_row(
+        self,
+        pk: Any,
+        worker: str,
+        *,
+        where: dict[str, Any],
+        next_attempt: bool = False,
+        stamp: tuple[str, ...] = (),
+        returning: tuple[str, ...] = (),
+    ) -> tuple[Any, ...] | None:
+        """:meth:`take`, returning the attempt and the fields named in *returning*.
+
+        The same one statement: the fields come back with the lease, at no extra cost.
+        """
+        fields = [self.model._meta.get_field(name) for name in returning]
+        taken = leases_sql.take(
             self.model,
             pk,
             lease_seconds=self.lease.total_seconds(),
@@ -139,7 +157,12 @@ class LeaseTable:
             where=where,
             running=self.running if next_attempt else None,
             stamp=(*stamp, self.touch) if self.touch else stamp,
+            returning=[field.column for field in fields],
         )
+        if taken is None:
+            return None
+        attempt, *values = taken
+        return (attempt, *(f.to_python(v) for f, v in zip(fields, values, strict=True)))
 
     def lost(self, pk: Any, attempt: int) -> LeaseLost:
         return LeaseLost(pk, attempt, what=self.what)

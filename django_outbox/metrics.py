@@ -52,6 +52,11 @@ class OutboxCollector:
         groups = GaugeMetricFamily(
             "django_outbox_groups", "Groups per stream and state.", labels=["stream", "state"]
         )
+        isolating = GaugeMetricFamily(
+            "django_outbox_isolating_groups",
+            "Groups per stream split from a group that failed as a whole (failure isolation).",
+            labels=["stream"],
+        )
         archived = GaugeMetricFamily(
             "django_outbox_archived_last_hour_rows",
             "Rows archived per stream and outcome over the last hour (bounded count).",
@@ -64,9 +69,10 @@ class OutboxCollector:
             paused.add_metric([stream], 1 if status.paused else 0)
             for state in GROUP_STATES:
                 groups.add_metric([stream, state], getattr(status, f"groups_{state}"))
+            isolating.add_metric([stream], status.groups_isolating)
             archived.add_metric([stream, "done"], status.archived_last_hour)
             archived.add_metric([stream, "failed"], status.failed_last_hour)
-        yield from (backlog, lag, paused, groups, archived)
+        yield from (backlog, lag, paused, groups, isolating, archived)
         yield from self._staged()
         yield from self._unique_jobs()
         yield GaugeMetricFamily(

@@ -23,6 +23,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 
+from django_outbox import isolate
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
@@ -31,7 +32,13 @@ from django_outbox.db.transient import is_transient, retry_transient
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import ERROR_LIMIT, clip, describe, worker_identity
 from django_outbox.models import GroupState, OutboxGroup, Outcome
-from django_outbox.signals import group_exhausted, group_failed, group_processed, send_on_commit
+from django_outbox.signals import (
+    group_exhausted,
+    group_failed,
+    group_processed,
+    group_split,
+    send_on_commit,
+)
 
 logger = logging.getLogger("django_outbox")
 
@@ -45,6 +52,7 @@ class ProcessOutcome(enum.StrEnum):
     RETRYING = "retrying"
     EXHAUSTED = "exhausted"
     KEPT = "kept"  # exhausted, but dead-lettering failed: kept for distribute to retry
+    SPLIT = "split"  # failed as a whole; split in two halves to isolate the failure
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
 
@@ -55,22 +63,46 @@ def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
     ``None`` means a duplicate delivery, a group already running elsewhere, or a group
     that no longer exists: the job has nothing to do.
     """
-    return group_leases(config).take(
+    taken = _take(config, group_id)
+    return taken[0] if taken else None
+
+
+def _take(config: StreamConfig, group_id: uuid.UUID) -> tuple[int, uuid.UUID | None] | None:
+    """:func:`take_lease`, with the group's sibling (the other half of the split it came
+    from, :mod:`django_outbox.isolate`; None for a claimed group)."""
+    taken = group_leases(config).take_row(
         group_id,
         worker_identity(),
         where={"stream": config.name, "state": GroupState.CLAIMED},
         next_attempt=True,
+        returning=("sibling_id",),
     )
+    return (taken[0], taken[1]) if taken else None
 
 
 def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
     """Run one attempt of a queued group: lease, handler, then finalize or record the failure."""
     config = get_stream(stream)
     group_id = uuid.UUID(str(group_id))
-    attempt = take_lease(config, group_id)
-    if attempt is None:
+    taken = _take(config, group_id)
+    if taken is None:
         return ProcessOutcome.SKIPPED
-    return run_attempt(config, group_id, attempt)
+    attempt, sibling = taken
+    outcome = run_attempt(config, group_id, attempt)
+    if sibling is not None and outcome is ProcessOutcome.DONE:
+        _tell_sibling(config, sibling)
+    return outcome
+
+
+def _tell_sibling(config: StreamConfig, sibling: uuid.UUID) -> None:
+    """After a split half was delivered: evidence for its sibling, in a short transaction."""
+    alias = connection_for(OutboxGroup).alias
+
+    def tell() -> bool:
+        with transaction.atomic(using=alias):
+            return isolate.sibling_delivered(config, sibling)
+
+    retry_transient(tell, alias, what=f"failure isolation of group {sibling}")
 
 
 def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome:
@@ -95,8 +127,9 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         logger.warning("Lease lost before finalize: %s", batch)
         return ProcessOutcome.LEASE_LOST
     except DatabaseError as exc:
-        # Retried already; the rows are still in the group: count a failed attempt.
-        return fail_group(batch, f"finalize failed: {describe(exc)}")
+        # Retried already; the rows are still in the group: count a failed attempt (not
+        # the rows' fault: no split).
+        return fail_group(batch, f"finalize failed: {describe(exc)}", isolate_rows=False)
 
 
 def _call_handler(batch: Batch) -> BatchResult | None:
@@ -141,14 +174,18 @@ def _checked_failures(batch: Batch, failed: Any) -> dict[int, str]:
 
 def _run_transactional(batch: Batch) -> ProcessOutcome:
     """Run the handler inside the finalize transaction (exactly-once database writes)."""
+    handled = False
     try:
         with transaction.atomic(using=connection_for(OutboxGroup).alias):
             _lock_fenced(batch)
             result = _call_handler(batch)
+            handled = True
             return _finalize_fenced(batch, result, locked=True)
     except LeaseLost:
         raise
     except Exception as exc:
+        if handled:  # the handler's work rolled back with the finalize: not the rows' fault
+            return fail_group(batch, f"finalize failed: {describe(exc)}", isolate_rows=False)
         return fail_group(batch, describe(exc), permanent=isinstance(exc, PermanentFailure))
 
 
@@ -218,16 +255,22 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
     return ProcessOutcome.PARTIAL if outcome is ProcessOutcome.RETRYING else outcome
 
 
-def fail_group(batch: Batch, error: str, *, permanent: bool = False) -> ProcessOutcome:
-    """Record that the handler failed the whole group: retry later or exhaust.
+def fail_group(
+    batch: Batch, error: str, *, permanent: bool = False, isolate_rows: bool = True
+) -> ProcessOutcome:
+    """Record that the handler failed the whole group: split, retry later or exhaust.
 
-    A *permanent* failure (:class:`PermanentFailure`) skips the remaining attempts.
+    With the stream's ``ISOLATE_FAILURES`` (and *isolate_rows*) the group may be split
+    in two halves instead (:mod:`django_outbox.isolate`). A *permanent* failure
+    (:class:`PermanentFailure`) skips the remaining attempts.
     """
     alias = connection_for(OutboxGroup).alias
 
     def failure_transaction() -> ProcessOutcome:
         with transaction.atomic(using=alias):
             _lock_fenced(batch)
+            if isolate_rows and _split(batch, error, permanent=permanent):
+                return ProcessOutcome.SPLIT
             return _record_failure(batch, error, permanent=permanent)
 
     try:
@@ -235,6 +278,28 @@ def fail_group(batch: Batch, error: str, *, permanent: bool = False) -> ProcessO
     except LeaseLost:
         logger.warning("Lease lost while recording a failure: %s", batch)
         return ProcessOutcome.LEASE_LOST
+
+
+def _split(batch: Batch, error: str, *, permanent: bool) -> bool:
+    """Split the locked group if failure isolation says so; whether it was split."""
+    config = batch.config
+    if not config.isolate_failures:
+        return False
+    group = OutboxGroup.objects.filter(id=batch.group_id).values(*isolate.FIELDS).get()
+    if not isolate.should_split(config, group, permanent=permanent):
+        return False
+    rows = isolate.split_group(config, batch.group_id, clip(error), group["split_depth"])
+    if rows:
+        send_on_commit(
+            group_split,
+            config.name,
+            group_id=batch.group_id,
+            attempt=batch.attempt,
+            rows=rows,
+            depth=group["split_depth"] + 1,
+            error=error,
+        )
+    return rows > 0
 
 
 def _record_failure(

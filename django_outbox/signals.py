@@ -10,6 +10,9 @@ Every signal is sent with ``sender`` = the stream name and these keyword argumen
     ``error``, ``retry_in`` (seconds).
 ``group_exhausted``
     ``stream``, ``group_id``, ``attempt``, ``rows`` (dead-lettered), ``error``.
+``group_split``
+    ``stream``, ``group_id`` (the group split), ``attempt``, ``rows`` (now in two new
+    groups of half the size), ``depth`` (the halves' split depth), ``error``.
 ``rows_replayed``
     ``stream``, ``rows`` (re-published into the buffer).
 
@@ -43,6 +46,7 @@ logger = logging.getLogger("django_outbox")
 group_processed = Signal()
 group_failed = Signal()
 group_exhausted = Signal()
+group_split = Signal()
 rows_replayed = Signal()
 staged_jobs_forwarded = Signal()
 
@@ -62,6 +66,11 @@ LOGGED: dict[Signal, tuple[int, str]] = {
         logging.ERROR,
         "Group {group_id} of stream {stream} exhausted after {attempt} attempts; {rows} rows "
         "dead-lettered: {error}",
+    ),
+    group_split: (
+        logging.WARNING,
+        "Group {group_id} of stream {stream} failed attempt {attempt} as a whole; its {rows} "
+        "rows are split in two groups to isolate the failure (depth {depth}): {error}",
     ),
     rows_replayed: (logging.INFO, "{rows} dead letters of stream {stream} replayed."),
 }

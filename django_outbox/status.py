@@ -41,6 +41,7 @@ class StreamStatus:
     groups_running: int
     groups_retrying: int
     groups_dead_lettering: int
+    groups_isolating: int  # groups made by failure isolation (split from a failed group)
     archived_last_hour: int
     failed_last_hour: int
     runs_in_flight: int
@@ -83,6 +84,7 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         groups_running=groups.get(GroupState.RUNNING, 0),
         groups_retrying=groups.get(GroupState.RETRYING, 0),
         groups_dead_lettering=groups.get(GroupState.DEAD_LETTERING, 0),
+        groups_isolating=OutboxGroup.objects.filter(stream=stream, split_depth__gt=0)[:cap].count(),
         archived_last_hour=recent.filter(outcome=Outcome.DONE)[:cap].count(),
         failed_last_hour=recent.filter(outcome=Outcome.FAILED)[:cap].count(),
         runs_in_flight=runs_in_flight(stream),

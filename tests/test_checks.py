@@ -28,7 +28,7 @@ TEST_Q_CLUSTER = settings.Q_CLUSTER
 KNOWN_OPTIONS = (
     "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
     "BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, EVERY_MINUTES, HANDLER, "
-    "LEASE_SECONDS, MAX_ATTEMPTS, MODEL, ON_EXHAUSTED, TRANSACTIONAL."
+    "ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, MODEL, ON_EXHAUSTED, TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -346,6 +346,7 @@ def test_every_count_option_must_be_a_positive_integer_e030(option, default):
         ("ARCHIVE", "yes", True),
         ("ARCHIVE", 1, True),
         ("TRANSACTIONAL", "false", False),
+        ("ISOLATE_FAILURES", "yes", True),
     ],
 )
 def test_flag_that_is_not_a_bool_is_e031(option, value, default):

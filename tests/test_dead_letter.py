@@ -25,8 +25,13 @@ AUDIT = {
     "BATCH_SIZE": 10,
     "MAX_ATTEMPTS": 3,
     "BACKOFF_MAX_SECONDS": 600,
+    "ISOLATE_FAILURES": False,  # one group's retries (test_isolate.py splits groups)
 }
-ATTACHMENTS = {"HANDLER": "tests.testapp.handlers.reject", "MODEL": "testapp.Attachment"}
+ATTACHMENTS = {
+    "HANDLER": "tests.testapp.handlers.reject",
+    "MODEL": "testapp.Attachment",
+    "ISOLATE_FAILURES": False,
+}
 
 
 def claim(stream: str):

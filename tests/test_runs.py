@@ -43,6 +43,7 @@ AUDIT = {
     "MAX_ATTEMPTS": 3,
     "BACKOFF_SECONDS": 1,
     "LEASE_SECONDS": 120,
+    "ISOLATE_FAILURES": False,  # a group dead-lettered whole (test_isolate.py splits)
 }
 SMALL = {"DJANGO_OUTBOX": {"STREAMS": {"audit": AUDIT}}}
 

@@ -20,14 +20,16 @@ def take(
     where: Mapping[str, Any],
     running: str | None = None,
     stamp: Sequence[str] = (),
-) -> int | None:
+    returning: Sequence[str] = (),
+) -> tuple[Any, ...] | None:
     """Lease the row *pk* to *worker* for *lease_seconds* if it matches *where*.
 
     With *running*, the row moves to that state at its next attempt (``attempt + 1``);
     without it, the row keeps the attempt a dispatcher gave it. Columns named in *stamp*
     get the database's now (``updated_at``, ``started_at``). *where* maps column names
     to values (``None``: ``IS NULL``), so a second delivery of the same work takes
-    nothing. Returns the attempt leased, or None.
+    nothing. Returns the attempt leased followed by the columns named in *returning*, or
+    None.
     """
     connection = connection_for(model)
     dialect = dialect_of(connection)
@@ -50,8 +52,9 @@ def take(
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {qn(model._meta.db_table)} SET {', '.join(assignments)} "
-            f"WHERE {' AND '.join(conditions)} RETURNING attempt",
+            f"WHERE {' AND '.join(conditions)} "
+            f"RETURNING {', '.join(['attempt', *(qn(column) for column in returning)])}",
             params,
         )
         row = cursor.fetchone()
-    return int(row[0]) if row else None
+    return (int(row[0]), *row[1:]) if row else None

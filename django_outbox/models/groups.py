@@ -36,6 +36,15 @@ class OutboxGroup(models.Model):
         null=True, blank=True, help_text="Errors of the rows that failed, by event id."
     )
     worker = models.CharField(max_length=255, blank=True, default="")
+    split_depth = models.PositiveSmallIntegerField(
+        default=0, help_text="How many times failure isolation split this group's rows (0: a claim)."
+    )
+    sibling_id = models.UUIDField(
+        null=True, blank=True, help_text="The other half of the split this group came from."
+    )
+    sibling_done = models.BooleanField(
+        default=False, help_text="The other half was delivered: a failure here is in these rows."
+    )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 

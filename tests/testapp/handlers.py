@@ -36,6 +36,13 @@ def record(batch: Batch) -> BatchResult | None:
         )
     if mode == "permanent":
         raise PermanentFailure("the API rejected the request: 422")
+    poisoned = mode.startswith("poison") and any(
+        (row["payload"] or {}).get("poison") for row in rows
+    )
+    if poisoned and mode == "poison":
+        raise RuntimeError("poison pill")
+    if poisoned and mode == "poison-permanent":
+        raise PermanentFailure("the API rejected the batch: 422 (poison pill)")
     if mode == "bad-keys":
         return BatchResult({"first": "not an id", 10**12: "no such row"})
     if mode == "bad-return":
@@ -93,6 +100,12 @@ def refuse_poison(batch: Batch) -> None:
     """Fail every attempt of a group holding a row whose payload says ``poison``."""
     if any(row["payload"].get("poison") for row in batch.rows("payload")):
         raise RuntimeError("poison pill")
+
+
+def refuse_poison_title(batch: Batch) -> None:
+    """For ``testapp.Attachment`` rows: fail a group holding an attachment titled poison."""
+    if batch.events.filter(title="poison").exists():
+        raise RuntimeError("poison attachment")
 
 
 def reject(batch: Batch) -> None:

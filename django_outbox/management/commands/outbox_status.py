@@ -37,6 +37,12 @@ class Command(BaseCommand):
                 f"{s.groups_claimed:>7} {s.groups_running:>7} {s.groups_retrying:>8} "
                 f"{s.archived_last_hour:>9,} {s.failed_last_hour:>9,}"
             )
+            if s.groups_isolating:
+                self.stdout.write(
+                    f"  {s.groups_isolating} group(s) of {s.stream} were split from a group "
+                    "that failed as a whole, to isolate the failing rows (admin: groups, "
+                    "split depth)."
+                )
             if s.groups_dead_lettering:
                 self.stdout.write(
                     f"  {s.groups_dead_lettering} group(s) of {s.stream} could not be "

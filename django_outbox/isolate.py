@@ -1,0 +1,119 @@
+"""Failure isolation: one poison row must not take a group's healthy rows with it.
+
+A handler that raises fails its whole group, often because of one row it cannot
+deliver. With ``ISOLATE_FAILURES`` (on by default) such a group is *split*: its rows,
+in id order, become two groups of half the size each (the lower ids and the upper
+ids), queued at once with a fresh attempt budget, each the other's *sibling*. From
+then on the halves tell a poison row from an outage by what their sibling did:
+
+* a half that fails while its sibling was **delivered** splits again at once: the
+  failure is in its own rows;
+* a half that fails while its sibling has not been delivered (failed too, or not run
+  yet) is retried with the stream's backoff, like any group: when every call fails
+  (the service is down), halving would only multiply the calls;
+* a half that is delivered while its sibling waits for a retry splits that sibling
+  at once, without waiting for its backoff.
+
+So one poison row in a group of n rows is cornered in about ``log2(n)`` rounds of two
+handler calls, the healthy rows are archived as done as soon as their half succeeds,
+and the poison row, alone in a group of one, is retried and dead-lettered with its own
+error like any group. A failure raised as :class:`~django_outbox.PermanentFailure`
+splits at every level without waiting for evidence (retrying the same rows cannot
+help). An outage costs at most the first split: the original group's two halves each
+follow the backoff from then on.
+
+Each half is a new group (a new id, attempt 0): a worker still holding an earlier
+attempt of the split group is fenced out by the group's id. The split happens in the
+transaction that records the failure (or the sibling's delivery), so the halves are
+queued exactly when it commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db.models.functions import Now
+
+from django_outbox import transport
+from django_outbox.conf import StreamConfig
+from django_outbox.models import GroupState, OutboxGroup
+
+#: The fields failure isolation reads when a group fails as a whole.
+FIELDS = ("size", "sibling_id", "sibling_done", "split_depth")
+
+
+def should_split(config: StreamConfig, group: dict[str, Any], *, permanent: bool) -> bool:
+    """Whether a group that failed as a whole (its locked row's *group* FIELDS) splits now.
+
+    A group of one row cannot split. A claimed group (no sibling) splits at its first
+    failure; a half splits when its sibling was delivered or the failure is permanent.
+    """
+    if not config.isolate_failures or group["size"] < 2:
+        return False
+    return permanent or group["sibling_id"] is None or group["sibling_done"]
+
+
+def split_group(config: StreamConfig, group_id: uuid.UUID, error: str, depth: int) -> int:
+    """Split the group's rows in two new queued groups; return the rows split (0: none).
+
+    Runs inside the caller's transaction, which holds the group's row. The halves carry
+    the error that split them, for the admin, until their own attempt.
+    """
+    rows = config.model_class._default_manager.filter(group_id=group_id)
+    ids = list(rows.order_by("id").values_list("id", flat=True))
+    if len(ids) < 2:
+        return 0
+    lower, upper = uuid.uuid4(), uuid.uuid4()
+    middle = len(ids) // 2
+    rows.filter(id__lte=ids[middle - 1]).update(group_id=lower)
+    rows.update(group_id=upper)
+    OutboxGroup.objects.filter(id=group_id).delete()
+    lease = Now() + timedelta(seconds=config.lease_seconds)
+    OutboxGroup.objects.bulk_create(
+        [
+            OutboxGroup(
+                id=half,
+                stream=config.name,
+                size=size,
+                state=GroupState.CLAIMED,
+                lease_expires_at=lease,
+                last_error=error,
+                split_depth=depth + 1,
+                sibling_id=sibling,
+            )
+            for half, sibling, size in (
+                (lower, upper, middle),
+                (upper, lower, len(ids) - middle),
+            )
+        ]
+    )
+    transport.enqueue(
+        transport.RUN,
+        [(config.name, str(lower)), (config.name, str(upper))],
+        cluster=config.cluster,
+    )
+    return len(ids)
+
+
+def sibling_delivered(config: StreamConfig, sibling_id: uuid.UUID) -> bool:
+    """A half was delivered: split its sibling now if that waits for a retry.
+
+    Runs inside the transaction that finalizes the delivered half. Otherwise (the
+    sibling is queued or running) it is told, so that its failure splits at once.
+    Locking the sibling's row orders this against the sibling recording a failure:
+    one of the two sees the other. Returns whether the sibling was split.
+    """
+    group = (
+        OutboxGroup.objects.select_for_update()
+        .filter(id=sibling_id)
+        .values("state", "last_error", *FIELDS)
+        .first()
+    )
+    if group is None:
+        return False  # delivered or dead-lettered already
+    if group["state"] == GroupState.RETRYING and group["size"] > 1:
+        return split_group(config, sibling_id, group["last_error"], group["split_depth"]) > 0
+    OutboxGroup.objects.filter(id=sibling_id).update(sibling_done=True)
+    return False
