@@ -41,7 +41,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django_q.models import OrmQ  # noqa: E402
 from django_q.tasks import async_task  # noqa: E402
 
-from benchmarks import floor, latency  # noqa: E402
+from benchmarks import floor, isolation, latency  # noqa: E402
 from benchmarks import operations as ops  # noqa: E402
 from benchmarks.models import Marker, Order, TriggeredOrder  # noqa: E402
 from benchmarks.unique import measure_dispatch  # noqa: E402
@@ -538,6 +538,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="the idle run")
     parser.add_argument("--json", type=Path, default=ROOT / "artifacts" / "bench.json")
     parser.add_argument("--repeat", type=int, default=5, help="paired runs of B and C (median)")
+    parser.add_argument(
+        "--poison-groups",
+        type=int,
+        nargs="+",
+        default=[100, 1_000, 10_000],
+        help="group sizes in which one poison row is isolated",
+    )
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -545,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         args.scale, args.repeat, args.staged_jobs = [10_000, 50_000], 1, 500
         args.unique_jobs, args.archive_rows = 500, 20_000
         args.latency_seconds, args.idle_seconds = 10.0, 10.0
+        args.poison_groups = [100]
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -571,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     latencies = latency_runs(args.latency_seconds, args.idle_seconds, outbox.rate)
     unique_dispatch = measure_dispatch(args.unique_jobs)
     operations = measure_operations(args.archive_rows)
+    isolated = isolation.isolation(args.poison_groups, cluster, reset)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         server = cursor.fetchone()[0]
@@ -611,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         "staged_forwarding": forwarding,
         "unique_dispatch": unique_dispatch,
         "operations": operations,
+        "failure_isolation": isolated,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -700,6 +710,13 @@ def print_table(report: dict[str, Any]) -> None:
         f"{o['scrape_ms_archive_all_last_hour']['median_ms']} ms (all in the last hour); "
         f"prune {o['prune']['deleted']:,} of them at {o['prune']['rows_per_s']:,} rows/s"
     )
+    for k in report["failure_isolation"]:
+        print(
+            f"failure isolation: one poison row in a group of {k['group_rows']:,}: "
+            f"{k['handler_calls']} handler calls, {k['splits']} splits, "
+            f"{k['seconds_to_isolate']} s until the {k['healthy_rows_delivered']:,} healthy "
+            "rows were delivered and the poison row waited alone"
+        )
     h = report["buffer_after_run"]
     print(
         f"buffer after B: {h['live_tuples']} live, {h['dead_tuples']} dead tuples, "

@@ -38,6 +38,8 @@ DJANGO_OUTBOX = {
             "BATCH_SIZE": 1000,
             "LEASE_SECONDS": 300,
         },
+        # Failure isolation: one poison row in a group (benchmarks.isolation).
+        "poison": {"HANDLER": "benchmarks.isolation.refuse_poison"},
         # Every option at its default: the custom-buffer path a new user starts with.
         "orders": {
             "HANDLER": "benchmarks.tasks.serialize_orders",

@@ -1,0 +1,68 @@
+"""Failure isolation: how fast one poison row is cornered in a group of n rows.
+
+One group of n rows (the ``poison`` stream's batch size raised to n through the
+operator's override), one row of it poisoned: the handler raises for any group that
+holds it, as a bulk API that rejects a whole request does. Measured through a real
+qcluster (2 workers, ORM broker, the stream's defaults otherwise): handler calls and
+wall time from the commit of the n rows until every healthy row is archived as done and the
+poison row waits alone in a group of one.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from benchmarks.models import Marker
+from django_outbox import publish_many
+from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome, StreamState
+
+STREAM = "poison"
+
+
+def refuse_poison(batch: Any) -> None:
+    """The ``poison`` stream's handler: count the call, refuse a group holding the poison."""
+    Marker.objects.create(name="poison-call")
+    if any(row["payload"].get("poison") for row in batch.rows("payload")):
+        raise RuntimeError("the API rejected the request: 422 (poison pill)")
+
+
+def isolate_once(
+    size: int, cluster: Callable[[], AbstractContextManager[None]], reset: Callable[[], None]
+) -> dict[str, Any]:
+    reset()
+    StreamState.objects.update_or_create(stream=STREAM, defaults={"batch_size_override": size})
+    poison = random.Random(size).randrange(size)
+    done = ArchivedEvent.objects.filter(stream=STREAM, outcome=Outcome.DONE)
+    with cluster():
+        started = time.perf_counter()
+        # One commit; its wake claims the n rows as one group and hands it to a run.
+        publish_many(STREAM, ({"n": n, "poison": n == poison} for n in range(size)))
+        deadline = started + 600
+        while done.count() < size - 1:
+            if time.perf_counter() > deadline:
+                raise SystemExit(f"benchmark: isolation in a group of {size} took over 600 s")
+            time.sleep(0.02)
+        seconds = time.perf_counter() - started
+    [left] = OutboxGroup.objects.filter(stream=STREAM)
+    assert left.size == 1, left
+    return {
+        "group_rows": size,
+        "poison_at": poison,
+        "handler_calls": Marker.objects.filter(name="poison-call").count(),
+        "splits": left.split_depth,
+        "seconds_to_isolate": round(seconds, 3),
+        "healthy_rows_delivered": done.count(),
+    }
+
+
+def isolation(
+    sizes: Iterator[int] | list[int],
+    cluster: Callable[[], AbstractContextManager[None]],
+    reset: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """Isolate one poison row in a group of each of *sizes* rows."""
+    return [isolate_once(size, cluster, reset) for size in sizes]
