@@ -49,3 +49,34 @@ def test_a_poison_group_is_dead_lettered_while_healthy_groups_flow():
         done.aggregate(last=Max("archived_at"))["last"]
         < failed.aggregate(first=Min("archived_at"))["first"]
     )
+
+
+def test_one_poison_row_in_a_group_of_1000_is_isolated_through_a_real_cluster():
+    """The healthy 999 rows are delivered; only the poison row becomes a dead letter."""
+    from django_outbox.models import StreamState
+
+    streams = {**settings.DJANGO_OUTBOX["STREAMS"], "poison": settings.POISON_STREAM}
+    size, poison_at = 1000, 613
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        StreamState.objects.update_or_create(
+            stream="poison", defaults={"batch_size_override": size}
+        )
+        env = {"OUTBOX_TEST_CRASH": "1", "Q_CLUSTER_NAME": "crash"}
+        started = time.monotonic()
+        with running(["-m", "django", "qcluster"], "isolation-cluster", **env):
+            # One commit: its wake claims the 1,000 rows as one group.
+            publish_many("poison", [{"n": n, "poison": n == poison_at} for n in range(size)])
+            while OutboxEvent.objects.exists() or OutboxGroup.objects.exists():
+                assert time.monotonic() - started < 120, "the poison row was not isolated"
+                distribute("poison")  # plays the schedule, fast: enqueues due retries
+                time.sleep(0.3)
+
+    archived = ArchivedEvent.objects.filter(stream="poison")
+    [dead] = archived.filter(outcome=Outcome.FAILED)
+    assert dead.data["payload"] == {"n": poison_at, "poison": True}
+    assert "poison pill" in dead.error
+    done = archived.filter(outcome=Outcome.DONE)
+    assert done.count() == size - 1
+    assert sorted(done.values_list("data__payload__n", flat=True)) == [
+        n for n in range(size) if n != poison_at
+    ]
