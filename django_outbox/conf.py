@@ -41,6 +41,8 @@ STREAM_NAME = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 #: The largest batch a stream may claim (``BATCH_SIZE``, or an operator's override):
 #: one claim statement holds this many row locks and one handler call this many rows.
 MAX_BATCH_SIZE = 100_000
+#: A worker whose database goes away mid-run waits at most this long for it.
+OUTAGE_SECONDS_MAX = 60.0
 
 STREAM_OPTIONS = OptionTable(
     Option("HANDLER", None),  # a dotted path: checks E010 to E012
@@ -166,6 +168,15 @@ class StreamConfig:
         """The buffer model class (``app_label.ModelName`` resolved through the registry)."""
 
         return apps.get_model(self.model)
+
+    @property
+    def outage_seconds(self) -> float:
+        """How long a worker waits mid-run for the database to answer again.
+
+        Half the lease, at most ``OUTAGE_SECONDS_MAX``: the lease outlives the wait, so
+        the work is resumed by the worker that holds it, not rescued by another.
+        """
+        return min(OUTAGE_SECONDS_MAX, self.lease_seconds / 2)
 
     @property
     def is_generic(self) -> bool:

@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from functools import partial
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.db.base import Move
-from django_outbox.db.transient import is_transient, retry_transient
+from django_outbox.db.transient import await_database, is_transient, outlast_outage
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import ERROR_LIMIT, clip, describe, worker_identity
 from django_outbox.models import GroupState, OutboxGroup, Outcome
@@ -41,6 +42,10 @@ from django_outbox.signals import (
 )
 
 logger = logging.getLogger("django_outbox")
+
+#: An attempt interrupted by the database going away is run again this many times at
+#: most, each once the database answers again.
+OUTAGE_RERUNS = 2
 
 #: How a group's ``last_error`` notes that dead-lettering it failed.
 DEAD_LETTERING_FAILED = "Dead-lettering failed"
@@ -84,7 +89,13 @@ def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
     """Run one attempt of a queued group: lease, handler, then finalize or record the failure."""
     config = get_stream(stream)
     group_id = uuid.UUID(str(group_id))
-    taken = _take(config, group_id)
+    alias = connection_for(OutboxGroup).alias
+    taken = outlast_outage(
+        partial(_take, config, group_id),
+        alias,
+        what=f"taking the lease of group {group_id}",
+        wait_seconds=config.outage_seconds,
+    )
     if taken is None:
         return ProcessOutcome.SKIPPED
     attempt, sibling = taken
@@ -102,7 +113,9 @@ def _tell_sibling(config: StreamConfig, sibling: uuid.UUID) -> None:
         with transaction.atomic(using=alias):
             return isolate.sibling_delivered(config, sibling)
 
-    retry_transient(tell, alias, what=f"failure isolation of group {sibling}")
+    outlast_outage(
+        tell, alias, what=f"failure isolation of group {sibling}", wait_seconds=config.outage_seconds
+    )
 
 
 def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome:
@@ -110,17 +123,37 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
 
     The run loop calls it directly for a group it claimed already running (attempt 1);
     :func:`process_group` calls it after taking the lease of a queued group.
+
+    When the attempt fails because our database went away (a restart, a failover: a
+    transient error that its quick retries did not outlast), the worker waits for the
+    database to answer again and runs the attempt once more under the lease it still
+    holds, up to ``OUTAGE_RERUNS`` times; such a failure is not the rows' fault and is
+    never split. A ``TRANSACTIONAL`` attempt left nothing behind, so running it again
+    keeps its exactly-once effects (if its commit went through before the connection
+    died, the lease is gone and the second run changes nothing).
     """
     batch = Batch(config, group_id, attempt)
-    try:
-        if config.transactional:
-            return _run_transactional(batch)
-        result = _call_handler(batch)
-    except LeaseLost:
-        logger.warning("Lease lost: %s", batch)
-        return ProcessOutcome.LEASE_LOST
-    except Exception as exc:
-        return fail_group(batch, describe(exc), permanent=isinstance(exc, PermanentFailure))
+    alias = connection_for(OutboxGroup).alias
+    for rerun in range(OUTAGE_RERUNS + 1):
+        try:
+            if config.transactional:
+                return _run_transactional(batch)
+            result = _call_handler(batch)
+            break
+        except LeaseLost:
+            logger.warning("Lease lost: %s", batch)
+            return ProcessOutcome.LEASE_LOST
+        except Exception as exc:
+            cause = exc.__cause__ if isinstance(exc, _FinalizeFailed) else exc
+            outage = is_transient(cause, alias)
+            if outage and rerun < OUTAGE_RERUNS and await_database(alias, config.outage_seconds):
+                logger.warning("%s was interrupted by the database (%s); running it again", batch, cause)
+                continue
+            if isinstance(exc, _FinalizeFailed):
+                # The handler's writes rolled back with the finalize: not the rows' fault.
+                return fail_group(batch, f"finalize failed: {describe(cause)}", isolate_rows=False)
+            permanent = isinstance(exc, PermanentFailure)
+            return fail_group(batch, describe(exc), permanent=permanent, isolate_rows=not outage)
     try:
         return finalize(batch, result)
     except LeaseLost:
@@ -130,6 +163,10 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         # Retried already; the rows are still in the group: count a failed attempt (not
         # the rows' fault: no split).
         return fail_group(batch, f"finalize failed: {describe(exc)}", isolate_rows=False)
+
+
+class _FinalizeFailed(Exception):
+    """The finalize of a ``TRANSACTIONAL`` attempt failed (its cause is the error)."""
 
 
 def _call_handler(batch: Batch) -> BatchResult | None:
@@ -173,20 +210,20 @@ def _checked_failures(batch: Batch, failed: Any) -> dict[int, str]:
 
 
 def _run_transactional(batch: Batch) -> ProcessOutcome:
-    """Run the handler inside the finalize transaction (exactly-once database writes)."""
-    handled = False
-    try:
-        with transaction.atomic(using=connection_for(OutboxGroup).alias):
-            _lock_fenced(batch)
-            result = _call_handler(batch)
-            handled = True
+    """Run the handler inside the finalize transaction (exactly-once database writes).
+
+    Raises what the handler raised, or :class:`_FinalizeFailed` when the finalize did;
+    either way the transaction rolled back and the rows are still in the group.
+    """
+    with transaction.atomic(using=connection_for(OutboxGroup).alias):
+        _lock_fenced(batch)
+        result = _call_handler(batch)
+        try:
             return _finalize_fenced(batch, result, locked=True)
-    except LeaseLost:
-        raise
-    except Exception as exc:
-        if handled:  # the handler's work rolled back with the finalize: not the rows' fault
-            return fail_group(batch, f"finalize failed: {describe(exc)}", isolate_rows=False)
-        return fail_group(batch, describe(exc), permanent=isinstance(exc, PermanentFailure))
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            raise _FinalizeFailed(exc) from exc
 
 
 def _lock_fenced(batch: Batch) -> None:
@@ -205,7 +242,12 @@ def finalize(batch: Batch, result: BatchResult | None) -> ProcessOutcome:
         with transaction.atomic(using=alias):
             return _finalize_fenced(batch, result, locked=False)
 
-    return retry_transient(finalize_transaction, alias, what=f"finalize of {batch}")
+    return outlast_outage(
+        finalize_transaction,
+        alias,
+        what=f"finalize of {batch}",
+        wait_seconds=batch.config.outage_seconds,
+    )
 
 
 def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) -> ProcessOutcome:
@@ -274,7 +316,12 @@ def fail_group(
             return _record_failure(batch, error, permanent=permanent)
 
     try:
-        return retry_transient(failure_transaction, alias, what=f"failure record of {batch}")
+        return outlast_outage(
+            failure_transaction,
+            alias,
+            what=f"failure record of {batch}",
+            wait_seconds=batch.config.outage_seconds,
+        )
     except LeaseLost:
         logger.warning("Lease lost while recording a failure: %s", batch)
         return ProcessOutcome.LEASE_LOST

@@ -25,6 +25,7 @@ A quiet stream costs nothing but its schedule.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -33,7 +34,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 from django.db.models.signals import post_save
 from django.dispatch import receiver
@@ -42,12 +43,14 @@ from django_outbox import transport
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.runs import runs_in_flight, wake_state
-from django_outbox.db.transient import retry_transient
+from django_outbox.db.transient import outlast_outage, retry_transient
 from django_outbox.lease import worker_identity
 from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.models.buffer import rows_bulk_created
 from django_outbox.oncommit import on_commit_once
 from django_outbox.process import ProcessOutcome, process_group, run_attempt
+
+logger = logging.getLogger("django_outbox")
 
 #: A run hands its next group to a fresh job after this many seconds.
 RUN_SECONDS = 5.0
@@ -154,7 +157,9 @@ def claim_group(
                 transport.enqueue(transport.RUN, [(stream, str(group_id))], cluster=config.cluster)
         return size
 
-    size = retry_transient(claim_transaction, alias, what=f"claim of stream {stream}")
+    size = outlast_outage(
+        claim_transaction, alias, what=f"claim of stream {stream}", wait_seconds=config.outage_seconds
+    )
     return ClaimResult(stream, group_id if size else None, size, limit)
 
 
@@ -262,11 +267,22 @@ class _Run:
         claim = claim_group(self.stream, run_here=True, state=state)
         if claim.full and now - self.fanned_out_at >= RECHECK_SECONDS:
             self.fanned_out_at = now
-            start_runs(self.stream, self.config.chains - 1, announce=False)
+            try:
+                start_runs(self.stream, self.config.chains - 1, announce=False)
+            except DatabaseError:
+                # More runs only help; this run holds its claimed group and goes on.
+                logger.warning("Could not start more runs of %s", self.stream, exc_info=True)
         return claim
 
+    def _outlasting(self, fn: Any, what: str) -> Any:
+        """Run the step *fn* again once the database answers, if it went away meanwhile."""
+        alias = connection_for(StreamState).alias
+        return outlast_outage(
+            fn, alias, what=f"{what} of stream {self.stream}", wait_seconds=self.config.outage_seconds
+        )
+
     def _read_state(self) -> StreamState:
-        self.state = runtime_state(self.stream)
+        self.state = self._outlasting(partial(runtime_state, self.stream), "a run's state read")
         self.state_read_at = time.monotonic()
         return self.state
 
@@ -278,11 +294,20 @@ class _Run:
         claim's snapshot.
         """
         alias = connection_for(StreamState).alias
-        with transaction.atomic(using=alias):
-            state, _ = StreamState.objects.select_for_update().get_or_create(stream=self.stream)
-            if state.paused or not state.wanted:
-                return None
-            StreamState.objects.filter(stream=self.stream).update(wanted=False)
+
+        def decide() -> StreamState | None:
+            with transaction.atomic(using=alias):
+                state, _ = StreamState.objects.select_for_update().get_or_create(
+                    stream=self.stream
+                )
+                if state.paused or not state.wanted:
+                    return None
+                StreamState.objects.filter(stream=self.stream).update(wanted=False)
+            return state
+
+        state = self._outlasting(decide, "a run's decision to go on")
+        if state is None:
+            return None
         state.wanted = False
         self.state = state
         self.state_read_at = time.monotonic()

@@ -156,3 +156,14 @@ POISON_STREAM = {
 }
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["poison"] = POISON_STREAM
+
+# The database-restart test (tests/test_db_restart.py) drains two streams through a
+# cluster of its own on a throwaway server; its children switch them on.
+OUTAGE_STREAMS = {
+    # Exactly-once database effects: the handler's HandledCall row commits with the archive.
+    "outage_tx": {"HANDLER": "tests.testapp.handlers.record", "TRANSACTIONAL": True},
+    # At-least-once: the HandledCall row commits before the finalize.
+    "outage_plain": {"HANDLER": "tests.testapp.handlers.record"},
+}
+if os.environ.get("OUTBOX_TEST_OUTAGE"):
+    DJANGO_OUTBOX["STREAMS"].update(OUTAGE_STREAMS)

@@ -100,6 +100,7 @@ def test_status_json_is_machine_readable():
         "groups_running": 0,
         "groups_retrying": 0,
         "groups_dead_lettering": 0,
+        "groups_isolating": 0,
         "archived_last_hour": 0,
         "failed_last_hour": 0,
         "runs_in_flight": 0,

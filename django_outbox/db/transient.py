@@ -3,6 +3,12 @@
 Deadlocks and serialization failures (PostgreSQL SQLSTATE 40P01 and 40001), a dropped
 connection, and SQLite's "database is locked" all mean: the same transaction may well
 succeed if run again. Anything else is a real error and is raised at once.
+
+A database that restarts (an upgrade, a failover) refuses connections for seconds:
+longer than the quick retries. :func:`outlast_outage` waits for it to answer again
+(:func:`await_database`) and then runs the transaction once more, so work interrupted
+by the outage goes on within a second of the database coming back instead of waiting
+for its lease to expire.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ RETRYABLE_SQLSTATES = {
 }
 CONNECTION_EXCEPTION_CLASS = "08"  # connection_exception and its subclasses
 ATTEMPTS = 3
+#: While waiting for a database to come back, ask it again at most this often.
+POLL_SECONDS = 0.5
 
 
 def is_transient(exc: BaseException, alias: str) -> bool:
@@ -78,3 +86,64 @@ def retry_transient(
             delay = min(max_delay, base_delay * 2 ** (attempt - 1))
             time.sleep(random.uniform(delay / 2, delay))
     raise AssertionError("unreachable")
+
+
+def database_answers(alias: str) -> bool:
+    """Whether the database *alias* answers a new connection now (the old one is dropped)."""
+    connection = connections[alias]
+    try:
+        connection.close()
+    except DatabaseError:
+        pass
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        return False
+    return True
+
+
+def await_database(alias: str, seconds: float) -> bool:
+    """Wait until the database *alias* answers again, up to *seconds*; whether it did.
+
+    Asks with a new connection every ``POLL_SECONDS`` at most.
+    """
+    deadline = time.monotonic() + seconds
+    delay = 0.05
+    while not database_answers(alias):
+        if time.monotonic() + delay > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(POLL_SECONDS, delay * 2)
+    return True
+
+
+def outlast_outage(fn: Callable[[], T], alias: str, *, what: str, wait_seconds: float) -> T:
+    """:func:`retry_transient`, and when the database is unreachable, wait it out.
+
+    When the quick retries fail on a transient error and the database does not answer
+    a new connection (it is restarting, failing over), wait up to *wait_seconds* for it
+    to answer again, then run *fn* once more (and so after each outage, within the same
+    *wait_seconds* in all). A transient error while the database answers (a
+    serialization failure that keeps coming back), any other error, and any error inside
+    a caller's transaction are raised unchanged.
+    """
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return retry_transient(fn, alias, what=what)
+        except DatabaseError as exc:
+            left = deadline - time.monotonic()
+            if connections[alias].in_atomic_block or not is_transient(exc, alias) or left <= 0:
+                raise
+            if database_answers(alias):
+                raise
+            logger.warning(
+                "The database is unreachable during %s (%s); waiting up to %.0f s for it",
+                what,
+                exc,
+                left,
+            )
+            if not await_database(alias, left):
+                raise
+            logger.warning("The database answers again; resuming %s", what)
