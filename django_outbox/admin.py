@@ -27,7 +27,6 @@ from django.utils.safestring import SafeString
 
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, database_now
-from django_outbox.distribute import requeue_due_groups
 from django_outbox.lease import last_line
 from django_outbox.models import (
     ArchivedEvent,
@@ -43,6 +42,7 @@ from django_outbox.models.buffer import buffer_models
 from django_outbox.models.unique import all_kinds
 from django_outbox.process import exhaust_group
 from django_outbox.replay import replay_failed
+from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import set_paused
 from django_outbox.staging import drain
 from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts

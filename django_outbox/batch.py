@@ -12,11 +12,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
 from django.db.models import QuerySet
 
+from django_outbox import transport
 from django_outbox.conf import StreamConfig
 from django_outbox.db import buffer_ops
 from django_outbox.lease import LeaseTable, RetryPolicy
@@ -88,6 +90,21 @@ def group_leases(config: StreamConfig) -> LeaseTable:
         running=GroupState.RUNNING,
         touch="updated_at",
     )
+
+
+def queued_lease(config: StreamConfig) -> timedelta:
+    """How long a queued group waits for its run job before it is handed over again.
+
+    With django-q2's ORM broker on our database the job commits with the group and
+    cannot be lost: the group keeps the stream's ``LEASE_SECONDS``. Other brokers (Redis)
+    can lose a job (a restart without persistence, a flushed queue, a cluster killed
+    with jobs it had fetched): after ``HANDOFF_SECONDS`` the group stops counting as a
+    run in flight and is re-enqueued (a second delivery of a job that was only slow is
+    a no-op).
+    """
+    if transport.in_transaction_hand_off():
+        return timedelta(seconds=config.lease_seconds)
+    return timedelta(seconds=min(config.handoff_seconds, config.lease_seconds))
 
 
 def group_policy(config: StreamConfig) -> RetryPolicy:

@@ -63,6 +63,7 @@ STREAM_OPTIONS = OptionTable(
     Option("BACKOFF_SECONDS", 10, POSITIVE_INT, "E030"),
     Option("BACKOFF_MAX_SECONDS", 3600, POSITIVE_INT, "E030"),  # at least the base: E033
     Option("LEASE_SECONDS", 300, POSITIVE_INT, "E030"),  # against the timeout: E042
+    Option("HANDOFF_SECONDS", 30, POSITIVE_INT, "E030"),  # a lost job's rescue (Redis &c.)
     Option("ARCHIVE", True, BOOL, "E031"),
     Option("TRANSACTIONAL", False, BOOL, "E031"),
     Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
@@ -158,6 +159,7 @@ class StreamConfig:
     archive_retention_days: int | None = None
     archive_failed_retention_days: int | None = None
     isolate_failures: bool = True
+    handoff_seconds: int = 30
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:

@@ -31,12 +31,12 @@ queued exactly when it commits.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 from typing import Any
 
 from django.db.models.functions import Now
 
 from django_outbox import transport
+from django_outbox.batch import queued_lease
 from django_outbox.conf import StreamConfig
 from django_outbox.models import GroupState, OutboxGroup
 
@@ -70,7 +70,7 @@ def split_group(config: StreamConfig, group_id: uuid.UUID, error: str, depth: in
     rows.filter(id__lte=ids[middle - 1]).update(group_id=lower)
     rows.update(group_id=upper)
     OutboxGroup.objects.filter(id=group_id).delete()
-    lease = Now() + timedelta(seconds=config.lease_seconds)
+    lease = Now() + queued_lease(config)
     OutboxGroup.objects.bulk_create(
         [
             OutboxGroup(

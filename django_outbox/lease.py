@@ -178,18 +178,29 @@ class LeaseTable:
             raise self.lost(pk, attempt)
 
     def expired(
-        self, limit: int, *, due: Q | None = None, fields: tuple[str, ...] = (), **filters: Any
+        self,
+        limit: int,
+        *,
+        due: Q | None = None,
+        fields: tuple[str, ...] = (),
+        running: bool = True,
+        **filters: Any,
     ) -> list[dict]:
         """Rows under an expired lease (or matching *due*), oldest lease first, locked.
 
-        Rows another transaction holds are skipped (PostgreSQL). Each is a dict of its
-        ``pk``, ``state``, ``attempt`` and *fields*; must run inside a transaction.
+        Without *running*, only the rows matching *due*. Rows another transaction holds
+        are skipped (PostgreSQL). Each is a dict of its ``pk``, ``state``, ``attempt`` and
+        *fields*; must run inside a transaction.
         """
         expired = Q(state=self.running, lease_expires_at__lt=Now())
+        if not running:
+            expired = due if due is not None else Q(pk__in=[])
+        elif due is not None:
+            expired |= due
         return list(
             self.objects()
             .select_for_update(skip_locked=True)
-            .filter(expired | due if due is not None else expired, **filters)
+            .filter(expired, **filters)
             .order_by("lease_expires_at")
             .values("pk", "state", "attempt", *fields)[:limit]
         )

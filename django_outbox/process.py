@@ -17,8 +17,8 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from functools import partial
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -114,7 +114,10 @@ def _tell_sibling(config: StreamConfig, sibling: uuid.UUID) -> None:
             return isolate.sibling_delivered(config, sibling)
 
     outlast_outage(
-        tell, alias, what=f"failure isolation of group {sibling}", wait_seconds=config.outage_seconds
+        tell,
+        alias,
+        what=f"failure isolation of group {sibling}",
+        wait_seconds=config.outage_seconds,
     )
 
 
@@ -147,7 +150,9 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
             cause = exc.__cause__ if isinstance(exc, _FinalizeFailed) else exc
             outage = is_transient(cause, alias)
             if outage and rerun < OUTAGE_RERUNS and await_database(alias, config.outage_seconds):
-                logger.warning("%s was interrupted by the database (%s); running it again", batch, cause)
+                logger.warning(
+                    "%s was interrupted by the database (%s); running it again", batch, cause
+                )
                 continue
             if isinstance(exc, _FinalizeFailed):
                 # The handler's writes rolled back with the finalize: not the rows' fault.

@@ -34,12 +34,13 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models.functions import Now
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from django_outbox import transport
+from django_outbox.batch import queued_lease
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.runs import runs_in_flight, wake_state
@@ -49,6 +50,7 @@ from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGro
 from django_outbox.models.buffer import rows_bulk_created
 from django_outbox.oncommit import on_commit_once
 from django_outbox.process import ProcessOutcome, process_group, run_attempt
+from django_outbox.rescue import requeue_due_groups
 
 logger = logging.getLogger("django_outbox")
 
@@ -132,6 +134,7 @@ def claim_group(
     ops = stream_buffer(config)
     alias = connection_for(config.model_class).alias
     lease = Now() + timedelta(seconds=config.lease_seconds)
+    queued = Now() + queued_lease(config)
 
     def claim_transaction() -> int:
         with transaction.atomic(using=alias):
@@ -152,13 +155,16 @@ def claim_group(
                     stream=stream,
                     size=size,
                     state=GroupState.CLAIMED,
-                    lease_expires_at=lease,
+                    lease_expires_at=queued,
                 )
                 transport.enqueue(transport.RUN, [(stream, str(group_id))], cluster=config.cluster)
         return size
 
     size = outlast_outage(
-        claim_transaction, alias, what=f"claim of stream {stream}", wait_seconds=config.outage_seconds
+        claim_transaction,
+        alias,
+        what=f"claim of stream {stream}",
+        wait_seconds=config.outage_seconds,
     )
     return ClaimResult(stream, group_id if size else None, size, limit)
 
@@ -187,6 +193,10 @@ def start_runs(
                 return 0
             in_flight = runs_in_flight(stream)
             room = 0 if only_if_idle and in_flight else max(config.chains - in_flight, 0)
+            if room and not transport.in_transaction_hand_off(alias):
+                # A broker that can lose jobs: queued groups whose job did not start
+                # within HANDOFF_SECONDS are no longer in flight; hand them over again.
+                requeue_due_groups(config, lost_only=True)
             started = 0
             drained = False
             while started < min(runs, room):
@@ -262,15 +272,22 @@ class _Run:
         if state.paused:
             return None
         if now >= self.deadline:
-            claim_group(self.stream, state=state)  # handed to a fresh job
-            return None
+            try:
+                claim_group(self.stream, state=state)  # handed to a fresh job
+                return None
+            except Exception:
+                # The broker refused the job (Redis restarting, say): this run goes on
+                # itself; a group queued for the lost job is handed over again later.
+                logger.warning("Could not hand the run of %s over; it goes on", self.stream)
+                self.deadline = now + RUN_SECONDS
         claim = claim_group(self.stream, run_here=True, state=state)
         if claim.full and now - self.fanned_out_at >= RECHECK_SECONDS:
             self.fanned_out_at = now
             try:
                 start_runs(self.stream, self.config.chains - 1, announce=False)
-            except DatabaseError:
-                # More runs only help; this run holds its claimed group and goes on.
+            except Exception:
+                # More runs only help (the broker may be down): this run holds its
+                # claimed group and goes on.
                 logger.warning("Could not start more runs of %s", self.stream, exc_info=True)
         return claim
 
@@ -278,7 +295,10 @@ class _Run:
         """Run the step *fn* again once the database answers, if it went away meanwhile."""
         alias = connection_for(StreamState).alias
         return outlast_outage(
-            fn, alias, what=f"{what} of stream {self.stream}", wait_seconds=self.config.outage_seconds
+            fn,
+            alias,
+            what=f"{what} of stream {self.stream}",
+            wait_seconds=self.config.outage_seconds,
         )
 
     def _read_state(self) -> StreamState:
@@ -297,9 +317,7 @@ class _Run:
 
         def decide() -> StreamState | None:
             with transaction.atomic(using=alias):
-                state, _ = StreamState.objects.select_for_update().get_or_create(
-                    stream=self.stream
-                )
+                state, _ = StreamState.objects.select_for_update().get_or_create(stream=self.stream)
                 if state.paused or not state.wanted:
                     return None
                 StreamState.objects.filter(stream=self.stream).update(wanted=False)

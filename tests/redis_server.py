@@ -46,6 +46,69 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class OwnRedis:
+    """A ``redis-server`` of our own on a free port, without persistence (like the
+    machine's): :meth:`stop` loses every queued job, as a restart does."""
+
+    def __init__(self, server: str, workdir: str) -> None:
+        self.server = server
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.server,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.workdir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 20
+        while not answers(self.url):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.server} did not start on port {self.port}.")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+@contextlib.contextmanager
+def own_redis() -> Iterator[OwnRedis | None]:
+    """A throwaway Redis server, or None when no ``redis-server`` binary can be had."""
+    server = binary()
+    if server is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="outbox-redis-") as workdir:
+        redis = OwnRedis(server, workdir)
+        redis.start()
+        try:
+            yield redis
+        finally:
+            redis.stop()
+
+
 @contextlib.contextmanager
 def redis_server() -> Iterator[str | None]:
     """Yield a Redis URL, or None with no server to be had (the caller skips loudly)."""
@@ -57,40 +120,5 @@ def redis_server() -> Iterator[str | None]:
     if os.environ.get("OUTBOX_NO_LOCAL_REDIS") != "1" and answers(local):
         yield local
         return
-    server = binary()
-    if server is None:
-        yield None
-        return
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    with tempfile.TemporaryDirectory(prefix="outbox-redis-") as workdir:
-        process = subprocess.Popen(
-            [
-                server,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                workdir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while not answers(url):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{server} did not start on port {port}.")
-                time.sleep(0.05)
-            yield url
-        finally:
-            process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(10)
-            if process.poll() is None:
-                process.kill()
+    with own_redis() as redis:
+        yield None if redis is None else redis.url

@@ -167,3 +167,6 @@ OUTAGE_STREAMS = {
 }
 if os.environ.get("OUTBOX_TEST_OUTAGE"):
     DJANGO_OUTBOX["STREAMS"].update(OUTAGE_STREAMS)
+    if os.environ.get("OUTBOX_TEST_HANDOFF"):  # the Redis fault tests: a short hand-off
+        for _options in OUTAGE_STREAMS.values():
+            _options["HANDOFF_SECONDS"] = int(os.environ["OUTBOX_TEST_HANDOFF"])

@@ -129,18 +129,24 @@ class Database:
         return self.rows("SELECT coalesce(max(id), 0) FROM django_outbox_archivedevent")[0][0]
 
     def drained(self) -> bool:
-        return self.rows(
-            "SELECT (SELECT count(*) FROM django_outbox_outboxevent)"
-            " + (SELECT count(*) FROM django_outbox_outboxgroup)"
-        )[0][0] == 0
+        return (
+            self.rows(
+                "SELECT (SELECT count(*) FROM django_outbox_outboxevent)"
+                " + (SELECT count(*) FROM django_outbox_outboxgroup)"
+            )[0][0]
+            == 0
+        )
 
     def describe(self) -> str:
-        return str(
-            self.rows(
-                "SELECT stream, state, attempt, size, lease_expires_at, last_error "
-                "FROM django_outbox_outboxgroup ORDER BY created_at LIMIT 5"
+        return (
+            str(
+                self.rows(
+                    "SELECT stream, state, attempt, size, lease_expires_at, last_error "
+                    "FROM django_outbox_outboxgroup ORDER BY created_at LIMIT 5"
+                )
             )
-        ) + f" buffer: {self.rows('SELECT count(*) FROM django_outbox_outboxevent')[0][0]}"
+            + f" buffer: {self.rows('SELECT count(*) FROM django_outbox_outboxevent')[0][0]}"
+        )
 
     def delivered(self, stream: str) -> Counter:
         return Counter(

@@ -31,8 +31,12 @@ ISOLATING = override_settings(DJANGO_OUTBOX={"STREAMS": {"lab": LAB}})
 
 def publish_with_poison(*poison_at: int) -> list[int]:
     """Publish ROWS rows to ``lab``, those at *poison_at* poisoned; return their ids."""
-    publish_many("lab", [{"n": n, "poison": True} if n in poison_at else {"n": n} for n in range(ROWS)])
-    return list(OutboxEvent.objects.filter(stream="lab").order_by("id").values_list("id", flat=True))
+    publish_many(
+        "lab", [{"n": n, "poison": True} if n in poison_at else {"n": n} for n in range(ROWS)]
+    )
+    return list(
+        OutboxEvent.objects.filter(stream="lab").order_by("id").values_list("id", flat=True)
+    )
 
 
 def settle(inline, limit: int = 50) -> int:
@@ -124,9 +128,7 @@ def test_a_permanent_failure_splits_at_every_level_and_dead_letters_only_the_poi
 
 
 @ISOLATING
-def test_a_half_waiting_for_its_retry_is_split_when_its_sibling_is_delivered(
-    inline, handler_mode
-):
+def test_a_half_waiting_for_its_retry_is_split_when_its_sibling_is_delivered(inline, handler_mode):
     ids = publish_with_poison(3)
     with transport.capture():
         group_id = claim_group("lab").group_id

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.django_db
 
 STREAMS = {
     # A group dead-lettered whole (test_isolate.py splits groups).
-    "audit": {"HANDLER": "tests.testapp.handlers.record", "BATCH_SIZE": 10, "ISOLATE_FAILURES": False},
+    "audit": {
+        "HANDLER": "tests.testapp.handlers.record",
+        "BATCH_SIZE": 10,
+        "ISOLATE_FAILURES": False,
+    },
     "marketing": {
         "HANDLER": "marketing.outbox.sync_activities",
         "MODEL": "marketing.ContactActivityEvent",

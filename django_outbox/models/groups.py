@@ -37,7 +37,8 @@ class OutboxGroup(models.Model):
     )
     worker = models.CharField(max_length=255, blank=True, default="")
     split_depth = models.PositiveSmallIntegerField(
-        default=0, help_text="How many times failure isolation split this group's rows (0: a claim)."
+        default=0,
+        help_text="How many times failure isolation split this group's rows (0: a claim).",
     )
     sibling_id = models.UUIDField(
         null=True, blank=True, help_text="The other half of the split this group came from."
