@@ -328,6 +328,7 @@ def test_a_batch_size_above_the_bound_is_e039_and_the_bound_itself_is_accepted()
         ("BACKOFF_SECONDS", 10),
         ("BACKOFF_MAX_SECONDS", 3600),
         ("LEASE_SECONDS", 300),
+        ("HANDOFF_SECONDS", 30),
     ],
 )
 def test_every_count_option_must_be_a_positive_integer_e030(option, default):
