@@ -276,14 +276,20 @@ def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckM
             )
         )
     lease = merged["LEASE_SECONDS"]
-    if isinstance(timeout, (int, float)) and is_positive_int(lease) and timeout > lease:
+    beats = merged["AUTO_HEARTBEAT"] is not False  # the lease outlives a long handler
+    if (
+        not beats
+        and isinstance(timeout, (int, float))
+        and is_positive_int(lease)
+        and timeout > lease
+    ):
         errors.append(
             Error(
                 f"The django-q2 {label} used by stream {name!r} has timeout={timeout!r}, "
                 f"longer than the stream's LEASE_SECONDS={lease}.",
-                hint="Raise LEASE_SECONDS to at least the timeout, or lower the timeout: a "
-                "lease that expires while its handler may still run lets a second worker "
-                "take the group over.",
+                hint="Raise LEASE_SECONDS to at least the timeout, lower the timeout, or turn "
+                "AUTO_HEARTBEAT back on: a lease that expires while its handler may still "
+                "run lets a second worker take the group over.",
                 id="django_outbox.E042",
             )
         )

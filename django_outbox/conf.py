@@ -69,6 +69,7 @@ STREAM_OPTIONS = OptionTable(
     Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
     Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
     Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
+    Option("AUTO_HEARTBEAT", True, BOOL, "E031"),  # keep a long handler's lease alive
     Option(
         "ARCHIVE_RETENTION_DAYS",
         None,
@@ -160,6 +161,7 @@ class StreamConfig:
     archive_failed_retention_days: int | None = None
     isolate_failures: bool = True
     handoff_seconds: int = 30
+    auto_heartbeat: bool = True
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:

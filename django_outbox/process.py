@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 
-from django_outbox import isolate
+from django_outbox import heartbeat, isolate
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
@@ -141,7 +142,8 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         try:
             if config.transactional:
                 return _run_transactional(batch)
-            result = _call_handler(batch)
+            with heartbeat.beating(batch) if config.auto_heartbeat else nullcontext():
+                result = _call_handler(batch)
             break
         except LeaseLost:
             logger.warning("Lease lost: %s", batch)

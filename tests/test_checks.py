@@ -27,9 +27,9 @@ TEST_Q_CLUSTER = settings.Q_CLUSTER
 
 KNOWN_OPTIONS = (
     "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
-    "BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, EVERY_MINUTES, HANDLER, "
-    "HANDOFF_SECONDS, "
-    "ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, MODEL, ON_EXHAUSTED, TRANSACTIONAL."
+    "AUTO_HEARTBEAT, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, "
+    "EVERY_MINUTES, HANDLER, HANDOFF_SECONDS, ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, "
+    "MODEL, ON_EXHAUSTED, TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -37,8 +37,9 @@ TIMEOUT_RETRY_HINT = (
     "is still running to a second worker."
 )
 TIMEOUT_LEASE_HINT = (
-    "Raise LEASE_SECONDS to at least the timeout, or lower the timeout: a lease that expires "
-    "while its handler may still run lets a second worker take the group over."
+    "Raise LEASE_SECONDS to at least the timeout, lower the timeout, or turn AUTO_HEARTBEAT "
+    "back on: a lease that expires while its handler may still run lets a second worker take "
+    "the group over."
 )
 
 
@@ -349,6 +350,7 @@ def test_every_count_option_must_be_a_positive_integer_e030(option, default):
         ("ARCHIVE", 1, True),
         ("TRANSACTIONAL", "false", False),
         ("ISOLATE_FAILURES", "yes", True),
+        ("AUTO_HEARTBEAT", 0, True),
     ],
 )
 def test_flag_that_is_not_a_bool_is_e031(option, value, default):
@@ -509,10 +511,10 @@ def test_cluster_without_retry_is_compared_with_django_q_default_of_60():
         ]
 
 
-def test_cluster_timeout_longer_than_the_lease_is_e042():
+def test_cluster_timeout_longer_than_the_lease_is_e042_without_the_automatic_heartbeat():
     with override_settings(
         Q_CLUSTER=q_cluster(timeout=200, retry=300),
-        DJANGO_OUTBOX=one_stream(LEASE_SECONDS=120),
+        DJANGO_OUTBOX=one_stream(LEASE_SECONDS=120, AUTO_HEARTBEAT=False),
     ):
         assert outbox_messages() == [
             (
@@ -524,6 +526,14 @@ def test_cluster_timeout_longer_than_the_lease_is_e042():
         ]
 
 
+def test_cluster_timeout_longer_than_the_lease_is_valid_with_the_automatic_heartbeat():
+    with override_settings(
+        Q_CLUSTER=q_cluster(timeout=200, retry=300),
+        DJANGO_OUTBOX=one_stream(LEASE_SECONDS=120),
+    ):
+        assert outbox_messages() == []
+
+
 def test_cluster_timeout_equal_to_the_lease_is_valid():
     with override_settings(
         Q_CLUSTER=q_cluster(timeout=120, retry=300),
@@ -533,7 +543,10 @@ def test_cluster_timeout_equal_to_the_lease_is_valid():
 
 
 def test_e041_and_e042_are_reported_for_each_stream_on_the_cluster():
-    streams = {"audit": {"HANDLER": HANDLER, "LEASE_SECONDS": 100}, "b": {"HANDLER": HANDLER}}
+    streams = {
+        "audit": {"HANDLER": HANDLER, "LEASE_SECONDS": 100, "AUTO_HEARTBEAT": False},
+        "b": {"HANDLER": HANDLER, "AUTO_HEARTBEAT": False},
+    }
     with override_settings(
         Q_CLUSTER=q_cluster(timeout=200, retry=100), DJANGO_OUTBOX={"STREAMS": streams}
     ):
@@ -605,7 +618,7 @@ def test_alt_cluster_timeout_is_used_for_e041():
 def test_alt_cluster_timeout_is_used_for_e042():
     with override_settings(
         Q_CLUSTER=q_cluster(ALT_CLUSTERS={"slow": {"timeout": 600, "retry": 900}}),
-        DJANGO_OUTBOX=one_stream(CLUSTER="slow", LEASE_SECONDS=120),
+        DJANGO_OUTBOX=one_stream(CLUSTER="slow", LEASE_SECONDS=120, AUTO_HEARTBEAT=False),
     ):
         assert outbox_messages() == [
             (

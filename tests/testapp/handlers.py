@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +107,22 @@ def refuse_poison_title(batch: Batch) -> None:
     """For ``testapp.Attachment`` rows: fail a group holding an attachment titled poison."""
     if batch.events.filter(title="poison").exists():
         raise RuntimeError("poison attachment")
+
+
+#: The first attempt of ``block_first_attempt`` sets STARTED, then waits for GO.
+STARTED = threading.Event()
+GO = threading.Event()
+
+
+def block_first_attempt(batch: Batch) -> None:
+    """Record the call; the first attempt runs until the test says go (a long handler)."""
+    HandledCall.objects.create(
+        stream=batch.stream, group_id=batch.group_id, attempt=batch.attempt, event_ids=batch.ids
+    )
+    if batch.attempt == 1:
+        STARTED.set()
+        if not GO.wait(60):
+            raise RuntimeError("the test never said go")
 
 
 def reject(batch: Batch) -> None:

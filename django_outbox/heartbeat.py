@@ -1,0 +1,105 @@
+"""Automatic heartbeat: a handler that runs long keeps its lease without calling it.
+
+While a handler of a stream with ``AUTO_HEARTBEAT`` (on by default) runs, this worker
+process extends the group's lease every third of ``LEASE_SECONDS`` from a daemon thread
+of its own (one per process, started on first use, ended after a minute with nothing to
+do; it opens a database connection of its own for each round of beats). The lease then outlives a long handler
+for as long as the worker is alive; when the worker dies or is frozen, the heartbeats
+stop and the lease expires as before, so a crashed group is still rescued after
+``LEASE_SECONDS``. A heartbeat that finds the lease gone (taken over) stops; one that
+fails on a database error is logged and tried again at the next beat.
+
+``TRANSACTIONAL`` handlers need none: their group's row is locked for the whole
+attempt, and rescue skips locked rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from django.db import connections
+
+from django_outbox.batch import Batch
+from django_outbox.exceptions import LeaseLost
+
+logger = logging.getLogger("django_outbox")
+
+#: The thread looks for due beats this often.
+TICK_SECONDS = 0.2
+#: With no handler running for this long, the thread ends (the next one starts it again).
+IDLE_SECONDS = 60.0
+
+
+@dataclass
+class _Beat:
+    batch: Batch
+    every: float
+    due: float
+
+
+_lock = threading.Lock()
+_beats: dict[int, _Beat] = {}
+_tokens = itertools.count()
+_thread: threading.Thread | None = None
+
+
+@contextlib.contextmanager
+def beating(batch: Batch) -> Iterator[None]:
+    """Keep *batch*'s lease alive while the block runs (the handler's call)."""
+    every = batch.config.lease_seconds / 3
+    token = next(_tokens)
+    with _lock:
+        _beats[token] = _Beat(batch, every, time.monotonic() + every)
+        _ensure_thread()
+    try:
+        yield
+    finally:
+        with _lock:
+            _beats.pop(token, None)
+
+
+def _ensure_thread() -> None:
+    global _thread
+    if _thread is None or not _thread.is_alive():
+        _thread = threading.Thread(target=_run, name="django_outbox-heartbeat", daemon=True)
+        _thread.start()
+
+
+def _run() -> None:
+    idle_since = time.monotonic()
+    try:
+        while True:
+            time.sleep(TICK_SECONDS)
+            now = time.monotonic()
+            with _lock:
+                if not _beats and now - idle_since > IDLE_SECONDS:
+                    global _thread
+                    _thread = None
+                    return
+                if _beats:
+                    idle_since = now
+                due = [(token, beat) for token, beat in _beats.items() if beat.due <= now]
+            for token, beat in due:
+                _beat(token, beat, now)
+            if due:
+                connections.close_all()  # this thread's: held only while it beats
+    finally:
+        connections.close_all()
+
+
+def _beat(token: int, beat: _Beat, now: float) -> None:
+    try:
+        beat.batch.heartbeat()
+    except LeaseLost:
+        with _lock:
+            _beats.pop(token, None)
+        return
+    except Exception:
+        logger.warning("Automatic heartbeat of %s failed; trying again", beat.batch, exc_info=True)
+    beat.due = now + beat.every
