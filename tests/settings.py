@@ -167,6 +167,10 @@ OUTAGE_STREAMS = {
 }
 if os.environ.get("OUTBOX_TEST_OUTAGE"):
     DJANGO_OUTBOX["STREAMS"].update(OUTAGE_STREAMS)
-    if os.environ.get("OUTBOX_TEST_HANDOFF"):  # the Redis fault tests: a short hand-off
-        for _options in OUTAGE_STREAMS.values():
-            _options["HANDOFF_SECONDS"] = int(os.environ["OUTBOX_TEST_HANDOFF"])
+    for _option, _variable in [
+        ("HANDOFF_SECONDS", "OUTBOX_TEST_HANDOFF"),
+        ("LEASE_SECONDS", "OUTBOX_TEST_LEASE"),
+    ]:
+        if os.environ.get(_variable):  # the fault tests: a short hand-off, a short lease
+            for _options in OUTAGE_STREAMS.values():
+                _options[_option] = int(os.environ[_variable])

@@ -25,6 +25,7 @@ def record(batch: Batch) -> BatchResult | None:
         group_id=batch.group_id,
         attempt=batch.attempt,
         event_ids=[row["id"] for row in rows],
+        cluster=os.environ.get("OUTBOX_TEST_CLUSTER_LABEL", ""),
     )
     mode = cache.get(MODE_KEY, "ok")
     if mode == "raise":

@@ -12,6 +12,8 @@ class HandledCall(models.Model):
     group_id = models.UUIDField()
     attempt = models.PositiveIntegerField()
     event_ids = models.JSONField()
+    # The cluster that ran it (``OUTBOX_TEST_CLUSTER_LABEL`` of the qcluster child).
+    cluster = models.CharField(max_length=32, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.stream} {self.group_id} attempt {self.attempt}"
