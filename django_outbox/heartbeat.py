@@ -6,8 +6,9 @@ of its own (one per process, started on first use, ended after a minute with not
 do; it opens a database connection of its own for each round of beats). The lease then
 outlives a long handler for as long as the worker is alive; when the worker dies or is
 frozen, the heartbeats stop and the lease expires as before, so a crashed group is
-still rescued after ``LEASE_SECONDS``. A heartbeat that finds the lease gone (taken over) stops; one that
-fails on a database error is logged and tried again at the next beat.
+still rescued after ``LEASE_SECONDS``. A heartbeat that finds the lease gone (taken
+over) stops; one that fails on a database error is logged and tried again at the next
+beat.
 
 ``TRANSACTIONAL`` handlers need none: their group's row is locked for the whole
 attempt, and rescue skips locked rows.
