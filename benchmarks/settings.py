@@ -30,6 +30,10 @@ Q_CLUSTER = {
     # commits alone move the rows (BENCH_SCHEDULER=1 turns them on, as in production).
     "scheduler": os.environ.get("BENCH_SCHEDULER") == "1",
 }
+# benchmarks.clusters runs its clusters on Redis (several machines' worth of qclusters).
+if os.environ.get("BENCH_REDIS_URL"):
+    del Q_CLUSTER["orm"]
+    Q_CLUSTER["redis"] = os.environ["BENCH_REDIS_URL"]
 
 DJANGO_OUTBOX = {
     "STREAMS": {
