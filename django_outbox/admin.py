@@ -371,7 +371,15 @@ class ArchivedEventAdmin(ReadOnlyAdmin):
 
 @admin.register(StagedJob)
 class StagedJobAdmin(ReadOnlyAdmin):
-    list_display = ("id", "func", "created_at", "run_after", "idempotency_key", "last_error")
+    list_display = (
+        "id",
+        "func",
+        "created_at",
+        "run_after",
+        "forwarded_at",
+        "idempotency_key",
+        "last_error",
+    )
     list_filter = (("run_after", admin.EmptyFieldListFilter), recent_values_filter("func", "func"))
     search_fields = ("=id",)
     text_search_fields = ("func", "idempotency_key")
@@ -383,7 +391,7 @@ class StagedJobAdmin(ReadOnlyAdmin):
     @admin.action(description="Forward now (due or not)", permissions=["forward"])
     def forward_now(self, request: HttpRequest, queryset: QuerySet[StagedJob]) -> None:
         ids = list(queryset.filter(last_error="").values_list("id", flat=True))
-        StagedJob.objects.filter(id__in=ids).update(run_after=None)
+        StagedJob.objects.filter(id__in=ids).update(run_after=None, forwarded_at=None)
         result = drain(ids=ids, limit=max(len(ids), 1))
         level = messages.WARNING if result.kept else messages.SUCCESS
         self.message_user(
@@ -500,6 +508,7 @@ def dashboard_context(can_operate: bool) -> dict[str, Any]:
         "streams": streams,
         "staged_waiting": staged["waiting"],
         "staged_kept": staged["kept"],
+        "staged_forwarded": staged["forwarded"],
         "staged_url": reverse("admin:django_outbox_stagedjob_changelist"),
         "unique_jobs": unique_job_rows(),
         "count_cap": COUNT_CAP,

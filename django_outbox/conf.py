@@ -103,6 +103,7 @@ STAGING_OPTIONS = OptionTable(
     Option("EVERY_MINUTES", 1, POSITIVE_INT, "E052"),
     Option("DRAIN_SECONDS", 30, POSITIVE_INT, "E052"),  # below the cluster's timeout: E056
     Option("FORWARD_ON_COMMIT", True, BOOL, "E053"),
+    Option("REDELIVER_SECONDS", 300, POSITIVE_INT, "E052"),  # Redis &c.: a lost job's rescue
     Option("CLUSTER", None, CLUSTER, "E055"),
 )
 
@@ -206,6 +207,7 @@ class StagingConfig:
     drain_seconds: int
     forward_on_commit: bool
     cluster: str | None
+    redeliver_seconds: int = 300
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> StagingConfig:

@@ -86,7 +86,8 @@ class OutboxCollector:
 
         staged = GaugeMetricFamily(
             "django_outbox_staged_jobs",
-            "Staged jobs waiting for the drainer, and kept with an error (bounded count).",
+            "Staged jobs waiting for the drainer, forwarded and not yet run (Redis), and kept "
+            "with an error (bounded count).",
             labels=["state"],
         )
         for state, count in staged_counts(self.cap).items():

@@ -6,10 +6,13 @@ transaction:
 
 * with django-q2's ORM broker on the same database the jobs are inserted into its queue
   table in that transaction, so each committed job reaches the queue exactly once;
-* with another broker (Redis…) the jobs are pushed before the transaction commits; a
-  crash in between leaves the rows in place and they are pushed again. Such jobs run
-  through :func:`run_staged`, whose idempotency guard keyed on the staged job makes a
-  duplicate delivery a no-op, so the effect happens once.
+* with another broker (Redis…) the jobs are pushed before the transaction commits, and
+  the rows stay (stamped ``forwarded_at``) until their job has run: a crash before the
+  commit, or a job the broker loses afterwards (a restart, a cluster killed with jobs it
+  had fetched), is pushed again after ``REDELIVER_SECONDS``. Such jobs run through
+  :func:`run_staged`, whose idempotency guard keyed on the staged job makes a duplicate
+  delivery a no-op and deletes the row with the job's effects, so the effect happens
+  once.
 
 A job staged with ``idempotency_key=`` always runs through the guard, keyed on that key,
 whatever the broker. With ``FORWARD_ON_COMMIT`` (the default) a job due now reaches
@@ -190,7 +193,7 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
         # The ORM broker's queue table commits or rolls back with this transaction: the
         # job is staged by writing it there directly, one INSERT and nothing to drain.
         row = sql.TakenJob(0, path, list(args), kwargs, q_options, idempotency_key, None, None)
-        transport.submit([_job(row, guard_all=False)], alias=alias)
+        transport.submit([_job(row, kept=False)], alias=alias)
         return None
     staged_id = sql.insert(path, args_json, kwargs_json, options_json, idempotency_key, run_after)
     if forward:
@@ -239,17 +242,20 @@ def drain(
 ) -> DrainResult:
     """Forward one batch of due staged jobs to django-q2 in one transaction."""
     alias = _alias(using)
-    limit = limit or outbox_settings().staging.batch_size
+    staging = outbox_settings().staging
+    limit = limit or staging.batch_size
     started = time.monotonic()
 
     def batch() -> tuple[int, int]:
         with transaction.atomic(using=alias):
-            taken = sql.take_due(limit, ids)
+            # A broker outside this transaction (Redis…) can lose a job after the commit:
+            # the rows stay until their job has run, and every job runs behind a guard.
+            keep = not transport.in_transaction_hand_off(alias)
+            taken = sql.take_due(limit, ids, redeliver_seconds=staging.redeliver_seconds, keep=keep)
             jobs, kept = [], 0
-            guard_all = not transport.in_transaction_hand_off(alias)
             for row in taken:
                 try:
-                    jobs.append(_job(row, guard_all))
+                    jobs.append(_job(row, keep))
                 except Exception as exc:  # one bad row never holds back the others
                     error = str(exc) if isinstance(exc, StagingError) else repr(exc)
                     sql.keep_with_error(row, error)
@@ -280,11 +286,13 @@ def drain(
     return DrainResult(forwarded, kept, seconds)
 
 
-def _job(row: sql.TakenJob, guard_all: bool) -> transport.Job:
+def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     """The django-q2 job for a taken row; raises StagingError for a row that cannot run.
 
     The row is checked as ``stage_task`` checked it: someone with write access to the
-    table must not reach a function (or a ``hook``) outside the allowed modules.
+    table must not reach a function (or a ``hook``) outside the allowed modules. A
+    *kept* row (a broker that can lose jobs) runs behind a guard and carries its id, so
+    that the job deletes it once it has run.
     """
     task_path(row.func)
     if not isinstance(row.args, list):
@@ -296,11 +304,13 @@ def _job(row: sql.TakenJob, guard_all: bool) -> transport.Job:
     options = dict(check_options(row.q_options))
     cluster = options.pop("cluster", None)
     save = options.pop("save", None)
+    staged_id = (row.id,) if kept else ()
     if row.idempotency_key:
-        args = (row.idempotency_key, row.func, row.args, row.kwargs, caller_scope(row.func))
+        key, scope = row.idempotency_key, caller_scope(row.func)
+        args = (key, row.func, row.args, row.kwargs, scope, *staged_id)
         return transport.Job(RUNNER, args, cluster, options=options, save=save)
-    if guard_all:
-        args = (f"staged:{row.id}", row.func, row.args, row.kwargs, GUARD_SCOPE)
+    if kept:
+        args = (f"staged:{row.id}", row.func, row.args, row.kwargs, GUARD_SCOPE, row.id)
         return transport.Job(RUNNER, args, cluster, options=options, save=save)
     return transport.Job(
         row.func, tuple(row.args), cluster, kwargs=row.kwargs, options=options, save=save
@@ -350,17 +360,38 @@ def drain_until_empty(
 
 
 def run_staged(
-    key: str, func: str, args: list[Any], kwargs: dict[str, Any], scope: str = GUARD_SCOPE
+    key: str,
+    func: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    scope: str = GUARD_SCOPE,
+    staged_id: int | None = None,
 ) -> Any:
     """Run a forwarded staged job once per *key* in *scope*, however often it is delivered.
 
-    Jobs forwarded before keys had scopes of their own carry four arguments and keep the
-    scope they were guarded in.
+    With *staged_id* (a broker that can lose jobs), the staged row is deleted in the
+    guard's transaction, with the job's effects: until then the drainer hands the job
+    over again every ``REDELIVER_SECONDS``. A job that raises deletes its row too (it
+    failed as a django-q2 task, as with any broker). Jobs forwarded before keys had
+    scopes of their own carry four arguments and keep the scope they were guarded in.
     """
 
     target = import_string(task_path(func))
-    with idempotent(key=key, scope=scope, store_result=False) as guard:
-        if guard.done:
-            logger.info("Staged job %s already ran; this delivery is skipped.", key)
-            return None
-        return target(*args, **kwargs)
+    try:
+        with idempotent(key=key, scope=scope, store_result=False) as guard:
+            if guard.done:
+                logger.info("Staged job %s already ran; this delivery is skipped.", key)
+                result = None
+            else:
+                result = target(*args, **kwargs)
+            _ran(staged_id)
+            return result
+    except Exception:
+        _ran(staged_id)
+        raise
+
+
+def _ran(staged_id: int | None) -> None:
+    """Delete the kept row of a job that ran (nothing for rows the drainer deleted)."""
+    if staged_id is not None:
+        StagedJob.objects.using(_alias()).filter(id=staged_id).delete()

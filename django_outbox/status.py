@@ -96,10 +96,13 @@ def all_statuses(streams: list[str] | None = None) -> list[StreamStatus]:
 
 
 def staged_counts(cap: int = COUNT_CAP) -> dict[str, int]:
-    """Staged jobs waiting for the drainer and kept with an error, each count bounded."""
-    waiting = StagedJob.objects.filter(last_error="").values("id")[:cap].count()
+    """Staged jobs waiting for the drainer, forwarded and not yet run (a broker that can
+    lose jobs: Redis), and kept with an error; each count bounded."""
+    pending = StagedJob.objects.filter(last_error="")
+    waiting = pending.filter(forwarded_at__isnull=True).values("id")[:cap].count()
+    forwarded = pending.filter(forwarded_at__isnull=False).values("id")[:cap].count()
     kept = StagedJob.objects.exclude(last_error="").values("id")[:cap].count()
-    return {"waiting": waiting, "kept": kept}
+    return {"waiting": waiting, "forwarded": forwarded, "kept": kept}
 
 
 def unique_job_counts(cap: int = COUNT_CAP) -> Iterator[tuple[str, str, int]]:

@@ -45,10 +45,16 @@ def drain_staged() -> dict[str, Any]:
 
 
 def run_staged(
-    key: str, func: str, args: list[Any], kwargs: dict[str, Any], scope: str | None = None
+    key: str,
+    func: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    scope: str | None = None,
+    staged_id: int | None = None,
 ) -> Any:
-    """Run a forwarded staged job behind its idempotency guard (*scope*: see staging)."""
-    return run_staged_job(key, func, args, kwargs, scope or GUARD_SCOPE)
+    """Run a forwarded staged job behind its idempotency guard (*scope*, *staged_id*:
+    see staging)."""
+    return run_staged_job(key, func, args, kwargs, scope or GUARD_SCOPE, staged_id)
 
 
 def prune() -> list[dict[str, Any]]:

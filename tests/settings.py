@@ -174,3 +174,5 @@ if os.environ.get("OUTBOX_TEST_OUTAGE"):
         if os.environ.get(_variable):  # the fault tests: a short hand-off, a short lease
             for _options in OUTAGE_STREAMS.values():
                 _options[_option] = int(os.environ[_variable])
+if os.environ.get("OUTBOX_TEST_REDELIVER"):  # the cluster test: lost staged jobs, soon
+    DJANGO_OUTBOX["STAGING"]["REDELIVER_SECONDS"] = int(os.environ["OUTBOX_TEST_REDELIVER"])

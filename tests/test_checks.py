@@ -771,7 +771,7 @@ def test_unknown_staging_option_is_e051():
                 "django_outbox.E051",
                 "DJANGO_OUTBOX['STAGING'] has unknown options: BATCH.",
                 "Known options: ALLOWED_MODULES, BATCH_SIZE, CLUSTER, DRAIN_SECONDS, "
-                "EVERY_MINUTES, FORWARD_ON_COMMIT.",
+                "EVERY_MINUTES, FORWARD_ON_COMMIT, REDELIVER_SECONDS.",
             )
         ]
 

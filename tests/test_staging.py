@@ -16,6 +16,7 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from django_outbox import staging, transport
+from django_outbox.conf import outbox_settings
 from django_outbox.exceptions import StagingError
 from django_outbox.models import StagedJob
 from django_outbox.signals import staged_jobs_forwarded
@@ -305,6 +306,72 @@ def test_a_callers_key_never_meets_another_functions_key_or_the_drainers_own(mon
     ]
 
     assert sorted(JobEffect.objects.values_list("label", flat=True)) == ["a", "b", "unkeyed"]
+
+
+# A broker that can lose jobs: the rows stay until their job has run -------------------
+
+
+@pytest.fixture
+def lossy_broker(monkeypatch):
+    """A broker outside the transaction (Redis…): the drainer keeps rows until they ran."""
+    monkeypatch.setattr(transport, "in_transaction_hand_off", lambda alias=None: False)
+
+
+def forward(**kwargs) -> list[transport.Job]:
+    with transport.capture() as captured:
+        drain(**kwargs)
+    return list(captured)
+
+
+def test_a_forwarded_row_stays_until_its_job_has_run(lossy_broker):
+    with without_forward_on_commit():
+        staged_id = stage_task(RECORD, "kept")
+        [job] = forward()
+
+    row = StagedJob.objects.get(id=staged_id)
+    assert row.forwarded_at is not None and row.last_error == ""
+    assert forward() == []  # handed over already: not again before REDELIVER_SECONDS
+    job.run()
+    assert not StagedJob.objects.exists()
+    assert list(JobEffect.objects.values_list("label", flat=True)) == ["kept"]
+
+
+def test_a_job_the_broker_lost_is_handed_over_again_and_its_effect_happens_once(lossy_broker):
+    with without_forward_on_commit():
+        stage_task(RECORD, "lost")
+        stage_task(RECORD, "keyed", idempotency_key="order:7")
+        lost = forward()  # these deliveries never run: the broker lost them
+        redeliver = outbox_settings().staging.redeliver_seconds
+        StagedJob.objects.update(forwarded_at=timezone.now() - timedelta(seconds=redeliver + 1))
+        again = forward()
+
+    assert [job.args for job in again] == [job.args for job in lost]
+    for job in again + lost:  # the lost ones turn up after all: no second effect
+        job.run()
+    assert sorted(JobEffect.objects.values_list("label", flat=True)) == ["keyed", "lost"]
+    assert not StagedJob.objects.exists()
+
+
+def test_a_job_that_raises_deletes_its_kept_row(lossy_broker):
+    with without_forward_on_commit():
+        stage_task("tests.testapp.jobs.fail_first", "fails")
+        [job] = forward()
+    with pytest.raises(jobs.FirstDeliveryFails):
+        job.run()
+    assert not StagedJob.objects.exists()  # failed as a django-q2 task, not redelivered
+
+
+def test_forward_now_hands_a_kept_row_over_again(lossy_broker, admin_client):
+    with without_forward_on_commit():
+        staged_id = stage_task(RECORD, "stuck")
+        forward()
+        with transport.capture() as captured:
+            admin_client.post(
+                "/admin/django_outbox/stagedjob/",
+                {"action": "forward_now", "_selected_action": [staged_id]},
+            )
+    assert len(captured) == 1
+    assert StagedJob.objects.get(id=staged_id).forwarded_at is not None
 
 
 # outbox_drain ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""SQL of staged jobs: one INSERT to stage, one DELETE … RETURNING to take a batch.
+"""SQL of staged jobs: one INSERT to stage, one DELETE (or UPDATE) … RETURNING to take a batch.
 
 The same statements serve PostgreSQL and SQLite; only the clock expression and the
 ``SKIP LOCKED`` clause (PostgreSQL: concurrent drainers take disjoint rows; SQLite:
@@ -80,30 +80,39 @@ def insert(
         return int(cursor.fetchone()[0])
 
 
-def take_due(limit: int, ids: Sequence[int] | None = None) -> list[TakenJob]:
-    """Delete up to *limit* due rows in id order and return them, in one statement.
+def take_due(
+    limit: int, ids: Sequence[int] | None = None, *, redeliver_seconds: float, keep: bool = False
+) -> list[TakenJob]:
+    """Take up to *limit* due rows in id order and return them, in one statement.
 
-    Rows another drainer holds are skipped (PostgreSQL), rows the drainer could not
-    forward before (``last_error`` set) and rows not yet due are left alone. With *ids*,
-    only those rows are considered (the low-latency forward after a commit).
+    Without *keep* the rows are deleted (the broker's queue commits with this
+    transaction). With *keep* they stay, stamped ``forwarded_at``: the job deletes its
+    row once it has run, and a row forwarded more than *redeliver_seconds* ago is due
+    again (its job may have been lost). Rows another drainer holds are skipped
+    (PostgreSQL), rows the drainer could not forward before (``last_error`` set) and rows
+    not yet due are left alone. With *ids*, only those rows are considered (the
+    low-latency forward after a commit).
     """
     model = _model()
     connection = connection_for(model)
     dialect = dialect_of(connection)
     table = connection.ops.quote_name(model._meta.db_table)
-    params: list[Any] = []
+    lost_since, params = dialect.seconds_from_now(-redeliver_seconds)
     only_ids = ""
     if ids is not None:
-        clause, params = dialect.in_ids(ids)
+        clause, id_params = dialect.in_ids(ids)
         only_ids = f" AND {clause}"
+        params += id_params
     params.append(limit)
     where = dialect.id_pick(
         f"SELECT id FROM {table} "
-        f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {dialect.now})"
+        f"WHERE last_error = '' AND (run_after IS NULL OR run_after <= {dialect.now}) "
+        f"AND (forwarded_at IS NULL OR forwarded_at < {lost_since})"
         f"{only_ids} ORDER BY id LIMIT %s{dialect.skip_locked}"
     )
+    change = f"UPDATE {table} SET forwarded_at = {dialect.now}" if keep else f"DELETE FROM {table}"
     with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {table} WHERE {where} RETURNING {', '.join(COLUMNS)}", params)
+        cursor.execute(f"{change} WHERE {where} RETURNING {', '.join(COLUMNS)}", params)
         rows = cursor.fetchall()
     return sorted((_taken(row) for row in rows), key=lambda job: job.id)
 
@@ -111,7 +120,10 @@ def take_due(limit: int, ids: Sequence[int] | None = None) -> list[TakenJob]:
 def keep_with_error(job: TakenJob, error: str) -> None:
     """Put a taken row back, unchanged but for *error*, so an operator can fix it."""
     model = _model()
-    model.objects.using(connection_for(model).alias).create(
+    rows = model.objects.using(connection_for(model).alias)
+    if rows.filter(id=job.id).update(last_error=error, forwarded_at=None):
+        return  # a kept row (taken with keep): still there
+    rows.create(
         id=job.id,
         func=job.func,
         args=job.args,

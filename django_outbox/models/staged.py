@@ -31,6 +31,13 @@ class StagedJob(models.Model):
     run_after = models.DateTimeField(
         null=True, blank=True, help_text="Not forwarded before this time (database clock)."
     )
+    forwarded_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Handed to a broker that can lose jobs (Redis): the job deletes this row "
+        "once it has run; until then the drainer hands it over again every "
+        "STAGING['REDELIVER_SECONDS'].",
+    )
     last_error = models.TextField(
         blank=True,
         default="",
