@@ -2,7 +2,8 @@
 
 One group of n rows (the ``poison`` stream's batch size raised to n through the
 operator's override), one row of it poisoned: the handler raises for any group that
-holds it, as a bulk API that rejects a whole request does. Measured through a real
+holds it with :class:`~django_outbox.PermanentFailure`, as a bulk API that rejects a
+whole request for one invalid record (HTTP 422) does. Measured through a real
 qcluster (2 workers, ORM broker, the stream's defaults otherwise): handler calls and
 wall time from the commit of the n rows until every healthy row is archived as done and the
 poison row waits alone in a group of one.
@@ -17,7 +18,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from benchmarks.models import Marker
-from django_outbox import publish_many
+from django_outbox import PermanentFailure, publish_many
 from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome, StreamState
 
 STREAM = "poison"
@@ -27,7 +28,7 @@ def refuse_poison(batch: Any) -> None:
     """The ``poison`` stream's handler: count the call, refuse a group holding the poison."""
     Marker.objects.create(name="poison-call")
     if any(row["payload"].get("poison") for row in batch.rows("payload")):
-        raise RuntimeError("the API rejected the request: 422 (poison pill)")
+        raise PermanentFailure("the API rejected the request: 422 (poison pill)")
 
 
 def isolate_once(

@@ -1,26 +1,27 @@
 """Failure isolation: one poison row must not take a group's healthy rows with it.
 
-A handler that raises fails its whole group, often because of one row it cannot
-deliver. With ``ISOLATE_FAILURES`` (on by default) such a group is *split*: its rows,
-in id order, become two groups of half the size each (the lower ids and the upper
-ids), queued at once with a fresh attempt budget, each the other's *sibling*. From
-then on the halves tell a poison row from an outage by what their sibling did:
+A handler that raises fails its whole group, often because of one row the service
+rejects. With ``ISOLATE_FAILURES`` (on by default) such a group is *split* once there
+is evidence that the failure is in its rows: its rows, in id order, become two groups of
+half the size each (the lower ids and the upper ids), queued at once with a fresh
+attempt budget, each the other's *sibling*. The evidence:
 
-* a half that fails while its sibling was **delivered** splits again at once: the
-  failure is in its own rows;
-* a half that fails while its sibling has not been delivered (failed too, or not run
-  yet) is retried with the stream's backoff, like any group: when every call fails
-  (the service is down), halving would only multiply the calls;
-* a half that is delivered while its sibling waits for a retry splits that sibling
-  at once, without waiting for its backoff.
+* a :class:`~django_outbox.PermanentFailure` (the service rejected the request: retrying
+  the same rows cannot help), at every level;
+* a group claimed as it is that fails a second time in a row: a passing glitch (a
+  timeout, a 503, a rate limit) rarely hits the same group twice, so it costs a retry
+  and no split, while a poison row fails every time;
+* a half whose sibling was **delivered**: the failure is in its own rows. A half that
+  fails while its sibling has not been delivered (it failed too, or has not run yet)
+  is retried with the stream's backoff like any group: when every call fails (the
+  service is down), halving would only multiply the calls. A half that is delivered
+  while its sibling waits for a retry splits that sibling at once.
 
 So one poison row in a group of n rows is cornered in about ``log2(n)`` rounds of two
-handler calls, the healthy rows are archived as done as soon as their half succeeds,
-and the poison row, alone in a group of one, is retried and dead-lettered with its own
-error like any group. A failure raised as :class:`~django_outbox.PermanentFailure`
-splits at every level without waiting for evidence (retrying the same rows cannot
-help). An outage costs at most the first split: the original group's two halves each
-follow the backoff from then on.
+handler calls after the group's second failure (at once with ``PermanentFailure``); the
+healthy rows are archived as done as soon as their half succeeds, and the poison row,
+alone in a group of one, is retried and dead-lettered with its own error like any
+group. An outage costs each group one split, at its second failure.
 
 Each half is a new group (a new id, attempt 0): a worker still holding an earlier
 attempt of the split group is fenced out by the group's id. The split happens in the
@@ -44,15 +45,20 @@ from django_outbox.models import GroupState, OutboxGroup
 FIELDS = ("size", "sibling_id", "sibling_done", "split_depth")
 
 
-def should_split(config: StreamConfig, group: dict[str, Any], *, permanent: bool) -> bool:
+def should_split(
+    config: StreamConfig, group: dict[str, Any], attempt: int, *, permanent: bool
+) -> bool:
     """Whether a group that failed as a whole (its locked row's *group* FIELDS) splits now.
 
-    A group of one row cannot split. A claimed group (no sibling) splits at its first
-    failure; a half splits when its sibling was delivered or the failure is permanent.
+    A group of one row cannot split. Otherwise it splits on evidence that the failure
+    is in its rows: a permanent failure, its sibling delivered, or, for a group claimed
+    as it is (never split), its second failure in a row.
     """
     if not config.isolate_failures or group["size"] < 2:
         return False
-    return permanent or group["sibling_id"] is None or group["sibling_done"]
+    if permanent or group["sibling_done"]:
+        return True
+    return group["split_depth"] == 0 and attempt >= 2
 
 
 def split_group(config: StreamConfig, group_id: uuid.UUID, error: str, depth: int) -> int:

@@ -340,7 +340,7 @@ def _split(batch: Batch, error: str, *, permanent: bool) -> bool:
     if not config.isolate_failures:
         return False
     group = OutboxGroup.objects.filter(id=batch.group_id).values(*isolate.FIELDS).get()
-    if not isolate.should_split(config, group, permanent=permanent):
+    if not isolate.should_split(config, group, batch.attempt, permanent=permanent):
         return False
     rows = isolate.split_group(config, batch.group_id, clip(error), group["split_depth"])
     if rows:

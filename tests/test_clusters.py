@@ -7,7 +7,8 @@ of single transactions), staged jobs and unique jobs flow at once, from
 publishers of both kinds; one whole Redis cluster is SIGKILLed mid-run. Every event is
 delivered once, every staged job and unique job is done, every cluster took part, and
 the others finished the killed cluster's work. A child plays the schedules every second
-(distribute, the unique-job dispatch and the staged-job drainer), as django-q2's scheduler would every minute.
+(distribute, the unique-job dispatch and the staged-job drainer), as django-q2's
+scheduler would every minute.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def refuse_poison(batch: Batch) -> None:
 def refuse_poison_title(batch: Batch) -> None:
     """For ``testapp.Attachment`` rows: fail a group holding an attachment titled poison."""
     if batch.events.filter(title="poison").exists():
-        raise RuntimeError("poison attachment")
+        raise PermanentFailure("the API rejected the batch: 422 (poison attachment)")
 
 
 #: The first attempt of ``block_first_attempt`` sets STARTED, then waits for GO.
