@@ -3,14 +3,14 @@
 A handler that raises fails its whole group, often because of one row the service
 rejects. With ``ISOLATE_FAILURES`` (on by default) such a group is *split* once there
 is evidence that the failure is in its rows: its rows, in id order, become two groups of
-half the size each (the lower ids and the upper ids), queued at once with a fresh
-attempt budget, each the other's *sibling*. The evidence:
+half the size each (the lower ids and the upper ids), queued at once, each the other's
+*sibling*, with the attempts the group had spent before the failure that split it. The evidence:
 
 * a :class:`~django_outbox.PermanentFailure` (the service rejected the request: retrying
   the same rows cannot help), at every level;
-* a group claimed as it is that fails a second time in a row: a passing glitch (a
-  timeout, a 503, a rate limit) rarely hits the same group twice, so it costs a retry
-  and no split, while a poison row fails every time;
+* a group claimed as it is that fails as a whole a second time in a row: a passing
+  glitch (a timeout, a 503, a rate limit) rarely hits the same group twice, so it costs
+  a retry and no split, while a poison row fails every time;
 * a half whose sibling was **delivered**: the failure is in its own rows. A half that
   fails while its sibling has not been delivered (it failed too, or has not run yet)
   is retried with the stream's backoff like any group: when every call fails (the
@@ -23,8 +23,8 @@ healthy rows are archived as done as soon as their half succeeds, and the poison
 alone in a group of one, is retried and dead-lettered with its own error like any
 group. An outage costs each group one split, at its second failure.
 
-Each half is a new group (a new id, attempt 0): a worker still holding an earlier
-attempt of the split group is fenced out by the group's id. The split happens in the
+Each half is a new group (a new id): a worker still holding an earlier attempt of the
+split group is fenced out by the group's id. The split happens in the
 transaction that records the failure (or the sibling's delivery), so the halves are
 queued exactly when it commits.
 """
@@ -42,7 +42,7 @@ from django_outbox.conf import StreamConfig
 from django_outbox.models import GroupState, OutboxGroup
 
 #: The fields failure isolation reads when a group fails as a whole.
-FIELDS = ("size", "sibling_id", "sibling_done", "split_depth")
+FIELDS = ("size", "sibling_id", "sibling_done", "split_depth", "row_errors")
 
 
 def should_split(
@@ -52,20 +52,25 @@ def should_split(
 
     A group of one row cannot split. Otherwise it splits on evidence that the failure
     is in its rows: a permanent failure, its sibling delivered, or, for a group claimed
-    as it is (never split), its second failure in a row.
+    as it is (never split), its second failure as a whole in a row (a previous partial
+    failure, ``row_errors``, does not count: the service answered then).
     """
     if not config.isolate_failures or group["size"] < 2:
         return False
     if permanent or group["sibling_done"]:
         return True
-    return group["split_depth"] == 0 and attempt >= 2
+    return group["split_depth"] == 0 and attempt >= 2 and not group["row_errors"]
 
 
-def split_group(config: StreamConfig, group_id: uuid.UUID, error: str, depth: int) -> int:
+def split_group(
+    config: StreamConfig, group_id: uuid.UUID, error: str, depth: int, attempts: int
+) -> int:
     """Split the group's rows in two new queued groups; return the rows split (0: none).
 
     Runs inside the caller's transaction, which holds the group's row. The halves carry
-    the error that split them, for the admin, until their own attempt.
+    the error that split them, for the admin, until their own attempt, and the group's
+    *attempts* but the one that led to the split: a split spends none of the rows'
+    attempts, and a row that keeps failing still runs out of them.
     """
     rows = config.model_class._default_manager.filter(group_id=group_id)
     ids = list(rows.order_by("id").values_list("id", flat=True))
@@ -84,6 +89,7 @@ def split_group(config: StreamConfig, group_id: uuid.UUID, error: str, depth: in
                 stream=config.name,
                 size=size,
                 state=GroupState.CLAIMED,
+                attempt=max(attempts - 1, 0),
                 lease_expires_at=lease,
                 last_error=error,
                 split_depth=depth + 1,
@@ -114,12 +120,15 @@ def sibling_delivered(config: StreamConfig, sibling_id: uuid.UUID) -> bool:
     group = (
         OutboxGroup.objects.select_for_update()
         .filter(id=sibling_id)
-        .values("state", "last_error", *FIELDS)
+        .values("state", "last_error", "attempt", *FIELDS)
         .first()
     )
     if group is None:
         return False  # delivered or dead-lettered already
     if group["state"] == GroupState.RETRYING and group["size"] > 1:
-        return split_group(config, sibling_id, group["last_error"], group["split_depth"]) > 0
+        split = split_group(
+            config, sibling_id, group["last_error"], group["split_depth"], group["attempt"]
+        )
+        return split > 0
     OutboxGroup.objects.filter(id=sibling_id).update(sibling_done=True)
     return False

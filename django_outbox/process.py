@@ -342,7 +342,9 @@ def _split(batch: Batch, error: str, *, permanent: bool) -> bool:
     group = OutboxGroup.objects.filter(id=batch.group_id).values(*isolate.FIELDS).get()
     if not isolate.should_split(config, group, batch.attempt, permanent=permanent):
         return False
-    rows = isolate.split_group(config, batch.group_id, clip(error), group["split_depth"])
+    rows = isolate.split_group(
+        config, batch.group_id, clip(error), group["split_depth"], batch.attempt
+    )
     if rows:
         send_on_commit(
             group_split,

@@ -95,7 +95,8 @@ def test_one_poison_row_is_cornered_and_the_healthy_rows_are_delivered_at_once(
     # Two calls of the whole group, then two calls per halving.
     assert calls() == 2 + 2 * int(math.log2(ROWS))
 
-    assert settle(inline) == LAB["MAX_ATTEMPTS"] - 1
+    # The splits spent none of the rows' attempts: the poison row has used 2 of 3.
+    assert settle(inline) == LAB["MAX_ATTEMPTS"] - 2
     assert archived(Outcome.FAILED) == [ids[poison_at]]
     dead = ArchivedEvent.objects.get(outcome=Outcome.FAILED)
     assert "poison pill" in dead.error and dead.attempts == LAB["MAX_ATTEMPTS"]
@@ -120,9 +121,9 @@ def test_when_every_call_fails_the_group_is_split_once_and_then_backs_off(inline
     assert calls() == 4
 
     settle(inline)
-    # No further halving without evidence: each half used its attempts, then both were
-    # dead-lettered whole, with the error.
-    assert calls() == 2 + 2 * LAB["MAX_ATTEMPTS"]
+    # No further halving without evidence: each half used the attempts left (the split
+    # spent none), then both were dead-lettered whole, with the error.
+    assert calls() == 2 + 2 * (LAB["MAX_ATTEMPTS"] - 1)
     assert archived(Outcome.FAILED) == ids
     assert set(ArchivedEvent.objects.values_list("attempts", flat=True)) == {LAB["MAX_ATTEMPTS"]}
 

@@ -90,7 +90,6 @@ DJANGO_OUTBOX = {
             "HANDLER": "marketing.outbox.sync_activities",
             "MODEL": "marketing.ContactActivityEvent",
             "BATCH_SIZE": 250,
-            "MAX_BATCHES": 20,
             "MAX_ATTEMPTS": 5,
             "BACKOFF_SECONDS": 1,
             "LEASE_SECONDS": 120,

@@ -22,6 +22,7 @@ from payments.models import Account, Transfer
 
 from django_outbox.models import (
     ArchivedEvent,
+    IdempotencyKey,
     JobState,
     OutboxGroup,
     Outcome,
@@ -139,6 +140,7 @@ class Command(BaseCommand):
         WelcomeEmail.objects.all().delete()
         Lead.objects.all().delete()
         StagedJob.objects.all().delete()
+        IdempotencyKey.objects.all().delete()  # else a second demo finds its transfers done
         Transfer.objects.all().delete()
         Account.objects.all().delete()
         RebuildBlogFeed.objects.all().delete()
