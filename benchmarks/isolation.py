@@ -5,8 +5,8 @@ operator's override), one row of it poisoned: the handler raises for any group t
 holds it with :class:`~django_outbox.PermanentFailure`, as a bulk API that rejects a
 whole request for one invalid record (HTTP 422) does. Measured through a real
 qcluster (2 workers, ORM broker, the stream's defaults otherwise): handler calls and
-wall time from the commit of the n rows until every healthy row is archived as done and the
-poison row waits alone in a group of one.
+wall time from the commit of the n rows until every healthy row is archived as done (the
+poison row, alone, is then dead-lettered at once).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.models import Marker
 from django_outbox import PermanentFailure, publish_many
-from django_outbox.models import ArchivedEvent, OutboxGroup, Outcome, StreamState
+from django_outbox.models import ArchivedEvent, Outcome, StreamState
 
 STREAM = "poison"
 
@@ -37,7 +37,8 @@ def isolate_once(
     reset()
     StreamState.objects.update_or_create(stream=STREAM, defaults={"batch_size_override": size})
     poison = random.Random(size).randrange(size)
-    done = ArchivedEvent.objects.filter(stream=STREAM, outcome=Outcome.DONE)
+    archived = ArchivedEvent.objects.filter(stream=STREAM)
+    done = archived.filter(outcome=Outcome.DONE)
     with cluster():
         started = time.perf_counter()
         # One commit; its wake claims the n rows as one group and hands it to a run.
@@ -48,13 +49,19 @@ def isolate_once(
                 raise SystemExit(f"benchmark: isolation in a group of {size} took over 600 s")
             time.sleep(0.02)
         seconds = time.perf_counter() - started
-    [left] = OutboxGroup.objects.filter(stream=STREAM)
-    assert left.size == 1, left
+        # The poison row, alone, is dead-lettered at once (the failure is permanent).
+        while not archived.filter(outcome=Outcome.FAILED).exists():
+            if time.perf_counter() > deadline:
+                raise SystemExit("benchmark: the poison row was not dead-lettered")
+            time.sleep(0.02)
+    [dead] = archived.filter(outcome=Outcome.FAILED)
+    assert dead.data["payload"] == {"n": poison, "poison": True}, dead.data
+    calls = Marker.objects.filter(name="poison-call").count()
     return {
         "group_rows": size,
         "poison_at": poison,
-        "handler_calls": Marker.objects.filter(name="poison-call").count(),
-        "splits": left.split_depth,
+        "handler_calls": calls,
+        "splits": (calls - 1) // 2,
         "seconds_to_isolate": round(seconds, 3),
         "healthy_rows_delivered": done.count(),
     }

@@ -745,7 +745,7 @@ def print_table(report: dict[str, Any]) -> None:
             f"failure isolation: one poison row in a group of {k['group_rows']:,}: "
             f"{k['handler_calls']} handler calls, {k['splits']} splits, "
             f"{k['seconds_to_isolate']} s until the {k['healthy_rows_delivered']:,} healthy "
-            "rows were delivered and the poison row waited alone"
+            "rows were delivered (the poison row is then dead-lettered alone)"
         )
     for k in report["scale_out_redis"]:
         print(
