@@ -728,10 +728,17 @@ def print_table(report: dict[str, Any]) -> None:
             f"{k['peak_backlog_s_of_inflow']} s of inflow"
         )
     u = report["unique_dispatch"]
+    saved, unsaved = u["django_q2_one_task_per_job"], u["django_q2_one_task_per_job_unsaved"]
     print(
         f"unique jobs: dispatch {u['dispatch_only']['jobs_per_s']:,} jobs/s "
-        f"({u['dispatch_only']['jobs']:,} jobs in waves of {u['dispatch_only']['wave']}), "
-        f"end to end through a qcluster {u['end_to_end']['jobs_per_s']:,} jobs/s"
+        f"({u['dispatch_only']['jobs']:,} jobs in waves of {u['dispatch_only']['wave']}); "
+        f"end to end through a qcluster {u['end_to_end']['jobs_per_s']:,} jobs/s "
+        f"(concurrency {u['end_to_end']['concurrency']}, chunks of {u['end_to_end']['chunk']}), "
+        f"{u['end_to_end_wide']['jobs_per_s']:,} jobs/s (concurrency "
+        f"{u['end_to_end_wide']['concurrency']}, chunks of {u['end_to_end_wide']['chunk']}); "
+        f"django-q2 one task per job {saved['jobs_per_s']:,}/s (results saved: "
+        f"{u['wide_vs_django_q2']}x), {unsaved['jobs_per_s']:,}/s (save=False: "
+        f"{u['wide_vs_django_q2_unsaved']}x)"
     )
     o = report["operations"]
     print(

@@ -34,6 +34,10 @@ def handle_event(event_id: int) -> None:
         event.delete()
 
 
+def noop(number: int) -> None:
+    """One job of django-q2's own one-task-per-job rate: nothing to do."""
+
+
 def ping(name: str) -> None:
     Marker.objects.create(name=name)
 

@@ -15,7 +15,7 @@ from django_outbox.prune import prune_all
 from django_outbox.runs import run as run_stream
 from django_outbox.staging import GUARD_SCOPE, drain_until_empty
 from django_outbox.staging import run_staged as run_staged_job
-from django_outbox.unique.dispatch import dispatch, dispatch_all, run_job
+from django_outbox.unique.dispatch import dispatch, dispatch_all, run_job, run_jobs
 
 
 def distribute(stream: str | None = None) -> list[dict[str, Any]]:
@@ -66,9 +66,14 @@ def dispatch_unique(kind: str | None = None) -> list[dict[str, Any]]:
     """Dispatch one unique-job kind (``app_label.ModelName``), or every kind when None."""
 
     results = [dispatch(get_kind(kind))] if kind else dispatch_all()
-    return [vars(result) for result in results]
+    return [{k: v for k, v in vars(result).items() if k != "kept"} for result in results]
+
+
+def run_unique_jobs(kind: str, jobs: list[list[int]]) -> list[str]:
+    """Run a chunk of *kind*'s jobs, ``[id, attempt]`` pairs, then the kind's next chunks."""
+    return [outcome.value for outcome in run_jobs(kind, jobs)]
 
 
 def run_unique_job(kind: str, job_id: int, attempt: int) -> str:
-    """Run attempt *attempt* of unique job *job_id* of *kind*, then dispatch the kind."""
+    """Run attempt *attempt* of one job (a task queued by an earlier version)."""
     return run_job(kind, job_id, attempt).value

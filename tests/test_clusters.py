@@ -145,6 +145,7 @@ def test_four_clusters_share_the_work_and_finish_a_killed_clusters_work(redis_ur
             describe=state,
         )
 
+    expected = 0
     for stream in STREAMS:
         numbers = set()
         for first, last in PRELOAD.values():
@@ -157,13 +158,14 @@ def test_four_clusters_share_the_work_and_finish_a_killed_clusters_work(redis_ur
         got = list(done.values_list("data__payload__n", flat=True))
         assert len(got) == len(set(got)), f"{stream}: archived twice"
         assert set(got) >= numbers, f"{stream}: {len(numbers - set(got))} events missing"
+        expected += len(numbers)
     effects = Counter(JobEffect.objects.values_list("label", flat=True))
     assert set(effects) == {f"job-{n}" for n in range(STAGED)}
     assert set(effects.values()) == {1}
     by_cluster = Counter(HandledCall.objects.values_list("cluster", flat=True))
     assert set(by_cluster) == set(labels), by_cluster
     total = ArchivedEvent.objects.filter(outcome=Outcome.DONE).count()
-    assert total >= 100_000
+    assert total == expected > 90_000, "every event archived once, the inflow's too"
     print(
         f"\n{total:,} events, {STAGED} staged and {UNIQUE} unique jobs; groups per cluster "
         f"{dict(by_cluster)}; redis-1 killed at {killed_with:,} archived; staged effects "

@@ -14,7 +14,7 @@ from django_outbox.unique import checks as unique_checks
 from django_outbox.unique.checks import check_kind
 
 KNOWN = (
-    "Known options: backoff_max_seconds, backoff_seconds, cluster, concurrency, "
+    "Known options: backoff_max_seconds, backoff_seconds, chunk_size, cluster, concurrency, "
     "dispatch_every_minutes, lease_seconds, max_attempts, ordering, retention_days, "
     "unique_fields, unique_while_executing."
 )

@@ -6,6 +6,7 @@ with the same code the cluster runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import deque
@@ -26,12 +27,14 @@ from django_outbox.durations import MAX_DURATION
 from django_outbox.exceptions import DurationError, JobError, JobLeaseLost, LeaseLost
 from django_outbox.jsondata import MAX_DEPTH
 from django_outbox.models import JobState, UniqueJob
-from django_outbox.unique.dispatch import RUN, dispatch
+from django_outbox.unique.dispatch import RUN, chunk_length, dispatch
 from django_outbox.unique.execute import (
     Heartbeat,
     JobOutcome,
+    execute_chunk,
     execute_job,
     finish,
+    give_back,
     retry_or_fail,
     take_lease,
 )
@@ -53,12 +56,13 @@ def run_all(queue: deque[transport.Job]) -> list[str]:
     while queue:
         job = queue.popleft()
         assert job.func == RUN
-        outcomes.append(job.run())
+        outcomes.extend(job.run())  # a chunk: the outcome of each of its jobs
     return outcomes
 
 
 def started(queue: deque[transport.Job]) -> list[tuple[str, int, int]]:
-    return [job.args for job in queue]
+    """The (kind, id, attempt) of every job handed to django-q2, chunk after chunk."""
+    return [(job.args[0], pk, attempt) for job in queue for pk, attempt in job.args[1]]
 
 
 # -- enqueue ---------------------------------------------------------------------------
@@ -242,10 +246,117 @@ def test_finishing_a_job_frees_its_slot_and_dispatches_the_next():
         outcomes = run_all(queue)
 
     assert outcomes == [JobOutcome.PROCESSED.value] * 5
-    assert list(JobRun.objects.order_by("id").values_list("job_id", flat=True)) == [
-        job.pk for job in jobs
-    ]
+    # Each ran once; the worker that finished a job ran the next one it dispatched.
+    assert sorted(JobRun.objects.values_list("job_id", flat=True)) == [job.pk for job in jobs]
     assert set(ThrottledJob.objects.values_list("state", flat=True)) == {JobState.PROCESSED}
+
+
+# -- chunks ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kind_options():
+    """Override a kind's effective options for one test: ``kind_options(Kind, option=…)``."""
+    changed = []
+
+    def override(model, **options):
+        changed.append((model, model.__dict__.get("_kind_options")))
+        model._kind_options = dataclasses.replace(model.job_options(), **options)
+
+    yield override
+    for model, declared in reversed(changed):
+        model._kind_options = declared
+
+
+def test_dispatch_hands_ready_jobs_over_in_chunks_spread_over_the_workers(settings):
+    # KeyedJob: concurrency 4; the test cluster has 2 workers: chunks of 2.
+    assert settings.Q_CLUSTER["workers"] == 2
+    assert chunk_length(KeyedJob.job_options()) == 2
+    with transport.capture() as queue:
+        with transaction.atomic():
+            jobs = [KeyedJob.enqueue(key=f"k{n}")[0] for n in range(5)]
+    assert [job.args for job in queue] == [
+        ("uniqueapp.KeyedJob", [(jobs[0].pk, 1), (jobs[1].pk, 1)]),
+        ("uniqueapp.KeyedJob", [(jobs[2].pk, 1), (jobs[3].pk, 1)]),
+    ]
+    assert KeyedJob.objects.get(pk=jobs[4].pk).state == JobState.PENDING
+
+
+def test_chunk_size_caps_the_jobs_of_one_task(kind_options):
+    kind_options(KeyedJob, concurrency=10, chunk_size=3)
+    with transport.capture() as queue:
+        with transaction.atomic():
+            for n in range(10):
+                KeyedJob.enqueue(key=f"k{n}")
+    assert [len(job.args[1]) for job in queue] == [3, 3, 3, 1]
+
+
+def test_each_job_of_a_chunk_has_its_own_attempt_and_outcome():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            first, _ = KeyedJob.enqueue(key="a")
+            failing, _ = KeyedJob.enqueue(key="b", fail_attempts=1)
+        assert len(queue) == 1
+        assert queue[0].run() == [JobOutcome.PROCESSED.value, JobOutcome.RETRYING.value]
+    first.refresh_from_db()
+    failing.refresh_from_db()
+    assert (first.state, first.attempt, first.last_error) == (JobState.PROCESSED, 1, "")
+    assert (failing.state, failing.attempt) == (JobState.PENDING, 1)
+    assert "planned failure of attempt 1" in failing.last_error
+
+
+def test_a_worker_that_dies_mid_chunk_loses_only_the_attempt_it_was_running():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            running, _ = KeyedJob.enqueue(key="a")
+            waiting, _ = KeyedJob.enqueue(key="b")
+        [chunk] = queue
+        queue.clear()
+        assert take_lease(KeyedJob, running.pk, 1, "worker that dies")  # then it dies
+        KeyedJob.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
+
+        result = dispatch(KeyedJob)
+        assert (result.rescued, result.exhausted, result.dispatched) == (2, 0, 2)
+        assert started(queue) == [
+            ("uniqueapp.KeyedJob", running.pk, 2),  # its lost attempt counts
+            ("uniqueapp.KeyedJob", waiting.pk, 1),  # never started: attempt 1 again
+        ]
+        assert run_all(queue) == [JobOutcome.PROCESSED.value] * 2
+        # The dead worker's chunk, delivered again, finds nothing to run.
+        assert chunk.run() == [JobOutcome.SKIPPED.value] * 2
+    assert sorted(JobRun.objects.values_list("job_id", "attempt")) == [
+        (running.pk, 2),
+        (waiting.pk, 1),
+    ]
+
+
+def test_a_chunk_past_its_deadline_hands_its_unstarted_jobs_back():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            jobs = [KeyedJob.enqueue(key=f"k{n}")[0] for n in range(2)]
+        [chunk] = queue
+        queue.clear()
+        pairs = chunk.args[1]
+        outcomes = execute_chunk(KeyedJob, pairs, deadline=-math.inf)
+        assert outcomes == [JobOutcome.PROCESSED]  # the first job always runs
+        handed_back = KeyedJob.objects.get(pk=jobs[1].pk)
+        assert (handed_back.state, handed_back.attempt) == (JobState.PENDING, 0)
+        assert handed_back.process_after <= database_now()
+        assert dispatch(KeyedJob).dispatched == 1
+        assert started(queue) == [("uniqueapp.KeyedJob", jobs[1].pk, 1)]
+
+
+def test_a_job_handed_back_while_its_key_got_a_pending_twin_yields_to_it():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        twin, created = KeyedJob.enqueue(key="a")
+        assert created
+        queue.clear()
+        assert give_back(KeyedJob, [(job.pk, 1)], why="ran out of time") == 0
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert f"job #{twin.pk} with the same unique fields" in job.last_error
+    assert KeyedJob.objects.get(pk=twin.pk).state == JobState.PENDING
 
 
 def test_a_job_of_a_running_key_waits_until_that_key_is_free():
@@ -392,7 +503,7 @@ def test_a_success_marks_the_job_processed_and_keeps_its_times():
 def test_a_second_delivery_of_the_same_attempt_is_skipped():
     with transport.capture() as queue:
         KeyedJob.enqueue(key="a")
-    label, pk, attempt = queue[0].args
+    label, [(pk, attempt)] = queue[0].args
     assert take_lease(KeyedJob, pk, attempt, "first worker")
 
     with transport.capture():
@@ -443,8 +554,10 @@ def test_a_stale_worker_can_neither_finish_nor_fail_the_job():
 def test_an_expired_lease_is_rescued_and_counts_as_an_attempt():
     with transport.capture() as queue:
         job, _ = KeyedJob.enqueue(key="a")
-        queue.clear()  # the worker died with the task
-        KeyedJob.objects.filter(pk=job.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+        queue.clear()  # the worker died running it
+        KeyedJob.objects.filter(pk=job.pk).update(
+            started_at=Now(), lease_expires_at=Now() - timedelta(seconds=1)
+        )
         result = dispatch(KeyedJob)
         assert (result.rescued, result.dispatched) == (1, 1)
         assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 2)]
@@ -458,7 +571,7 @@ def test_an_expired_lease_on_the_last_attempt_fails_the_job():
         job, _ = KeyedJob.enqueue(key="a")
         queue.clear()
         KeyedJob.objects.filter(pk=job.pk).update(
-            attempt=3, lease_expires_at=Now() - timedelta(seconds=1)
+            attempt=3, started_at=Now(), lease_expires_at=Now() - timedelta(seconds=1)
         )
         result = dispatch(KeyedJob)
     job.refresh_from_db()
@@ -532,6 +645,7 @@ def test_the_schedule_task_dispatches_one_kind_by_its_label_or_every_kind():
                 "dispatched": 1,
                 "rescued": 0,
                 "exhausted": 0,
+                "chunks": 1,
             }
         ]
         everything = tasks.dispatch_unique()

@@ -191,6 +191,31 @@ def test_the_concurrency_limit_holds_under_load():
     assert JobRun.objects.filter(kind="uniqueapp.ThrottledJob").count() == jobs
 
 
+def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
+    """SIGKILL of the worker running the first job of a chunk: that job's attempt is
+    lost (it runs again as attempt 2); the job waiting behind it in the chunk goes back
+    unstarted and runs once, as attempt 1; every other job runs once."""
+    with qcluster("unique-chunk-crash") as cluster:
+        with transaction.atomic():  # concurrency 4 over 2 workers: chunks of 2
+            crash, _ = KeyedJob.enqueue(key="crash", note="crash")
+            behind, _ = KeyedJob.enqueue(key="behind")
+            others = [KeyedJob.enqueue(key=f"k{n}")[0] for n in range(6)]
+
+        def settled() -> bool:
+            dispatch(KeyedJob)  # plays the schedule: rescues the dead worker's leases
+            return KeyedJob.objects.filter(state=JobState.PROCESSED).count() == 8
+
+        wait_until(settled, timeout=90, interval=0.2, watch=[cluster], describe=states(KeyedJob))
+    runs = sorted(JobRun.objects.values_list("job_id", "attempt"))
+    assert runs == sorted(
+        [(crash.pk, 1), (crash.pk, 2), (behind.pk, 1), *((job.pk, 1) for job in others)]
+    )
+    attempts = dict(KeyedJob.objects.values_list("pk", "attempt"))
+    assert attempts[crash.pk] == 2
+    assert attempts[behind.pk] == 1, "the job behind the crash did not lose an attempt"
+    assert all(attempts[job.pk] == 1 for job in others)
+
+
 @pytest.mark.parametrize("beats", [10, 0], ids=["heartbeat", "no-heartbeat"])
 def test_a_heartbeat_keeps_a_long_job_alive_past_its_lease(beats):
     """A 5 s job with a 2 s lease: with heartbeats it runs once; without, it is rescued."""
@@ -222,7 +247,7 @@ def test_a_zombie_worker_cannot_finish_a_job_it_lost(tmp_path, heartbeat):
     """SIGSTOP a worker mid-job past its lease; the job is taken over; SIGCONT changes nothing."""
     with transport.capture() as queue:
         job, _ = KeyedJob.enqueue(key="zombie", beats=1 if heartbeat else 0)
-    assert queue[0].args == ("uniqueapp.KeyedJob", job.pk, 1)
+    assert queue[0].args == ("uniqueapp.KeyedJob", [(job.pk, 1)])
     out = tmp_path / "zombie.out"
     code = (
         "from tests.uniqueapp.workers import execute_once; "
@@ -238,7 +263,7 @@ def test_a_zombie_worker_cannot_finish_a_job_it_lost(tmp_path, heartbeat):
             )
             with transport.capture() as queue:
                 assert dispatch(KeyedJob).rescued == 1
-            assert queue[0].args == ("uniqueapp.KeyedJob", job.pk, 2)
+            assert queue[0].args == ("uniqueapp.KeyedJob", [(job.pk, 2)])
             # The fresh attempt is still running when the zombie wakes up.
             assert take_lease(KeyedJob, job.pk, 2, "fresh worker")
         finally:

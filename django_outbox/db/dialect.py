@@ -31,6 +31,11 @@ class Dialect:
     #: Whether the tables carry storage parameters and statistics worth tuning
     #: (``outbox_tune``: autovacuum, fillfactor, plans).
     tunable: bool
+    #: Appended to the RETURNING list of a statement that is its own transaction: its
+    #: commit does not wait for the write-ahead log to reach the disk (PostgreSQL's
+    #: ``synchronous_commit = off`` for that transaction alone). A later synchronous
+    #: commit on the server flushes it; only a server crash before then can lose it.
+    no_flush_wait: str
 
     def seconds_from_now(self, seconds: float) -> tuple[str, list[object]]:
         """SQL for the database's time *seconds* from now, and its parameters."""
@@ -62,6 +67,7 @@ POSTGRESQL = Dialect(
     skip_locked=" FOR UPDATE SKIP LOCKED",
     serializes_writers=False,
     tunable=True,
+    no_flush_wait=", set_config('synchronous_commit', 'off', true)",
 )
 SQLITE = Dialect(
     vendor="sqlite",
@@ -70,6 +76,7 @@ SQLITE = Dialect(
     skip_locked="",
     serializes_writers=True,
     tunable=False,
+    no_flush_wait="",
 )
 DIALECTS = {d.vendor: d for d in (POSTGRESQL, SQLITE)}
 

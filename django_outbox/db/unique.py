@@ -19,7 +19,7 @@ from django_outbox.db import connection_for
 from django_outbox.db.dialect import dialect_of
 from django_outbox.unique.options import kind_options
 
-PENDING, RUNNING = "pending", "running"
+PENDING, RUNNING, PROCESSED = "pending", "running", "processed"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
 ADVISORY_NAMESPACE = 7_270_001
 
@@ -206,3 +206,64 @@ class JobTable:
             [*set_params, job_id, PENDING],
         )
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    # -- execution -------------------------------------------------------------------
+
+    def step(
+        self, finish: tuple[int, int] | None, start: tuple[int, int] | None, worker: str
+    ) -> tuple[bool, bool]:
+        """Mark one job processed and start the next, in one statement; either may be None.
+
+        *finish* and *start* are (id, attempt) pairs. Finishing matches the job only while
+        it runs that attempt; starting matches it only while no worker has started that
+        attempt (``started_at`` NULL), and stamps the start, renews the lease and records
+        *worker*. Returns whether each matched (False: the lease is lost, or the attempt is
+        not ours to start).
+
+        Run on its own (not inside a transaction of the caller's), the statement commits
+        without waiting for the log flush (:attr:`Dialect.no_flush_wait`): a server crash
+        right after can lose the step, and the job then runs again (at least once), never
+        less; any later synchronous commit (a dispatch, the job's own writes) makes it
+        durable.
+        """
+        expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
+        now = self.now
+        done = "id = %s"
+        flush = "" if self.connection.in_atomic_block else self.dialect.no_flush_wait
+        # The conditions sit inside a CASE so that the planner finds the two rows by
+        # primary key: a plain "state = 'running'" lets it pick the partial index of
+        # running jobs and walk all of them.
+        sql = (
+            f"UPDATE {self.table} SET "
+            f"state = CASE WHEN {done} THEN %s ELSE state END, "
+            f"finished_at = CASE WHEN {done} THEN {now} ELSE finished_at END, "
+            f"last_error = CASE WHEN {done} THEN '' ELSE last_error END, "
+            f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
+            f"started_at = CASE WHEN {done} THEN started_at ELSE {now} END, "
+            f"worker = CASE WHEN {done} THEN worker ELSE %s END "
+            f"WHERE id IN (%s, %s) AND CASE WHEN {done} THEN state = %s AND attempt = %s "
+            "ELSE state = %s AND attempt = %s AND started_at IS NULL END "
+            f"RETURNING id{flush}"
+        )
+        finish_id, finish_attempt = finish or (None, None)
+        start_id, start_attempt = start or (None, None)
+        params = [
+            finish_id,
+            PROCESSED,
+            finish_id,
+            finish_id,
+            finish_id,
+            *expiry_params,
+            finish_id,
+            finish_id,
+            worker,
+            finish_id,
+            start_id,
+            finish_id,
+            RUNNING,
+            finish_attempt,
+            RUNNING,
+            start_attempt,
+        ]
+        matched = {int(row[0]) for row in self._rows(sql, params)}
+        return finish_id in matched, start_id in matched

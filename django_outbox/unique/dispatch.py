@@ -1,18 +1,26 @@
-"""Dispatch: rescue expired leases, then start the next ready jobs of a kind on django-q2.
+"""Dispatch: rescue expired leases, then start the next ready jobs of a kind in chunks.
 
 One short transaction per kind: a per-kind lock (so the free concurrency slots are
 counted once), the rescue of jobs whose worker died, a bounded count of running jobs,
 and one statement that marks the next ready jobs running (attempt n + 1, a fresh lease)
-with ``SKIP LOCKED``. Each started job is handed to django-q2 in the same transaction
-(with the ORM broker on this database, the hand-off commits with it).
+with ``SKIP LOCKED``. The started jobs are split into *chunks* (:func:`chunk_length`),
+and each chunk is handed to django-q2 as one task in the same transaction (with the ORM
+broker on this database, the hand-off commits with it). A chunk's jobs run one after
+another in one worker, each under its own lease and attempt (:mod:`.execute`).
 
 Dispatch runs on a django-q2 schedule per kind, right after an enqueue commits, and
-right after a job finishes (its slot is free), so a backlog moves at worker speed.
+right after a chunk finishes (its slots are free): that dispatch keeps one chunk for the
+worker that just finished, which runs it at once without a round trip through the
+broker (:func:`run_jobs`), for up to ``RUN_SECONDS`` before it hands over.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,14 +30,16 @@ from django_outbox import transport
 from django_outbox.db.transient import retry_transient
 from django_outbox.db.unique import JobTable
 from django_outbox.models.unique import all_kinds, get_kind
-from django_outbox.unique.execute import JobOutcome, execute_job, rescue_expired
+from django_outbox.runs import RUN_SECONDS
+from django_outbox.unique.execute import JobOutcome, execute_chunk, rescue_expired
+from django_outbox.unique.options import KindOptions
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
 
 logger = logging.getLogger("django_outbox")
 
-RUN = "django_outbox.tasks.run_unique_job"
+RUN = "django_outbox.tasks.run_unique_jobs"
 DISPATCH = "django_outbox.tasks.dispatch_unique"
 #: Expired leases rescued per dispatch at most (crashes are rare; the rest next time).
 RESCUE_LIMIT = 100
@@ -42,10 +52,29 @@ class DispatchResult:
     dispatched: int = 0
     rescued: int = 0
     exhausted: int = 0
+    chunks: int = 0
+    #: The chunk the caller runs itself, (id, attempt) pairs (``dispatch(keep=True)``).
+    kept: tuple[tuple[int, int], ...] = ()
 
 
-def dispatch(model: type[UniqueJob]) -> DispatchResult:
-    """Rescue the kind's expired leases and start as many ready jobs as slots are free."""
+def chunk_length(options: KindOptions) -> int:
+    """How many jobs one django-q2 task runs: the kind's ``chunk_size``, or fewer, so that
+    ``concurrency`` jobs spread over every worker of the kind's cluster."""
+    cluster = transport.cluster_options(options.cluster) or {}
+    workers = cluster.get("workers") or os.cpu_count() or 1
+    return max(1, min(options.chunk_size, math.ceil(options.concurrency / workers)))
+
+
+def chunked(jobs: Sequence[tuple[int, int]], length: int) -> list[list[tuple[int, int]]]:
+    return [list(jobs[start : start + length]) for start in range(0, len(jobs), length)]
+
+
+def dispatch(model: type[UniqueJob], *, keep: bool = False) -> DispatchResult:
+    """Rescue the kind's expired leases and start as many ready jobs as slots are free.
+
+    The started jobs go to django-q2 in chunks; with *keep*, the first chunk is returned
+    in :attr:`DispatchResult.kept` instead, for the caller to run.
+    """
     table = JobTable(model)
 
     def dispatch_transaction() -> DispatchResult:
@@ -55,13 +84,19 @@ def dispatch(model: type[UniqueJob]) -> DispatchResult:
             concurrency = table.options.concurrency
             running = table.count_running(concurrency)
             started = _start(table, concurrency - running) if running < concurrency else []
+            chunks = chunked(started, chunk_length(table.options))
+            kept = tuple(chunks.pop(0)) if keep and chunks else ()
             transport.enqueue(
-                RUN,
-                [(model._meta.label, pk, attempt) for pk, attempt in started],
-                cluster=table.options.cluster,
+                RUN, [(model._meta.label, chunk) for chunk in chunks], cluster=table.options.cluster
             )
             return DispatchResult(
-                model._meta.label, running + len(started), len(started), rescued, exhausted
+                model._meta.label,
+                running + len(started),
+                len(started),
+                rescued,
+                exhausted,
+                len(chunks) + bool(kept),
+                kept,
             )
 
     result = retry_transient(
@@ -110,16 +145,34 @@ def _start(table: JobTable, slots: int) -> list[tuple[int, int]]:
     return started
 
 
+def run_jobs(
+    label: str, jobs: Sequence[Sequence[int]], *, budget: float = RUN_SECONDS
+) -> list[JobOutcome]:
+    """Run a chunk of jobs, (id, attempt) pairs, then go on with the kind's next chunk.
+
+    After each chunk its slots are free: dispatch starts the next ready jobs and keeps a
+    chunk for this worker, which runs it here, until *budget* seconds have passed (then
+    every chunk goes to django-q2). A failed dispatch leaves the kind to its schedule.
+    """
+    model = get_kind(label)
+    deadline = time.monotonic() + budget
+    outcomes: list[JobOutcome] = []
+    chunk = [(int(pk), int(attempt)) for pk, attempt in jobs]
+    while chunk:
+        outcomes += execute_chunk(model, chunk, deadline=deadline)
+        try:
+            chunk = list(dispatch(model, keep=time.monotonic() < deadline).kept)
+        except Exception:  # the outcomes are recorded; the schedule dispatches later
+            logger.warning(
+                "Dispatch of %s after a chunk finished failed; its schedule will dispatch.",
+                label,
+                exc_info=True,
+            )
+            break
+    return outcomes
+
+
 def run_job(label: str, job_id: int, attempt: int) -> JobOutcome:
-    """Run one attempt of a job (:func:`execute_job`), then dispatch its kind again: the
-    job's slot is free. A failed dispatch leaves the kind to its schedule."""
-    outcome = execute_job(label, job_id, attempt)
-    try:
-        dispatch(get_kind(label))
-    except Exception:  # the outcome is recorded; the schedule dispatches later
-        logger.warning(
-            "Dispatch of %s after a job finished failed; its schedule will dispatch.",
-            label,
-            exc_info=True,
-        )
-    return outcome
+    """Run one attempt of a job (a task queued by an earlier version): a chunk of one."""
+    outcomes = run_jobs(label, [(job_id, attempt)])
+    return outcomes[0] if outcomes else JobOutcome.SKIPPED

@@ -1,24 +1,33 @@
-"""Execute: run one attempt of a dispatched job under its lease.
+"""Execute: run the attempts of a dispatched chunk of jobs, each under its own lease.
 
-The django-q2 task carries the job's id and the attempt number dispatch gave it. The
-attempt is the fencing token: taking the lease, heartbeating, finishing and recording a
-failure all match only a job still ``running`` that attempt, so a worker that lost its
-lease (a rescue after it stalled, a duplicate delivery) changes nothing. Every time is
-the database's.
+The django-q2 task carries a chunk: the ids of its jobs and the attempt number dispatch
+gave each. The jobs run one after another. The attempt is each job's fencing token:
+taking the lease, heartbeating, finishing and recording a failure all match only a job
+still ``running`` that attempt, so a worker that lost its lease (a rescue after it
+stalled, a duplicate delivery) changes nothing. Every time is the database's.
+
+A job of a chunk that has not started yet (``started_at`` is NULL) has not used its
+attempt: when its lease expires (its worker died on an earlier job of the chunk) or its
+chunk hands it back (:func:`give_back`), it returns to pending with the attempt not
+counted. Only the job that was running loses an attempt.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 
 from django_outbox.db.transient import retry_transient
+from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
 from django_outbox.models.unique import JobState, get_kind
@@ -33,6 +42,7 @@ LEASE_EXPIRED = (
     "The lease of attempt {attempt} expired: its worker died, stalled, or was stopped by "
     "the django-q2 timeout. Call heartbeat() more often than lease_seconds in long jobs."
 )
+NOT_STARTED = "Handed back unstarted (attempt {attempt} not counted): its chunk's worker {why}."
 SUPERSEDED_NOTE = (
     "Not retried: job #{twin} with the same unique fields was enqueued meanwhile and is "
     "pending; it does the same work."
@@ -85,49 +95,139 @@ def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -
     Fenced by the attempt and by ``started_at IS NULL``, so a second delivery of the same
     django-q2 task (or a task of a lost attempt) takes nothing.
     """
-    where = {"attempt": attempt, "state": JobState.RUNNING, "started_at": None}
-    return leases(model).take(job_id, worker, where=where, stamp=("started_at",)) is not None
+    return JobTable(model).step(None, (job_id, attempt), worker)[1]
 
 
 def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
-    """Run attempt *attempt* of a job: take the lease, ``perform()``, record the outcome.
+    """Run attempt *attempt* of one job: take the lease, ``perform()``, record the outcome."""
+    return execute_chunk(get_kind(label), [(job_id, attempt)])[0]
 
-    Always returns. :func:`django_outbox.unique.dispatch.run_job` dispatches the kind
-    again afterwards, since the job's slot is free.
+
+def execute_chunk(
+    model: type[UniqueJob], chunk: Sequence[tuple[int, int]], *, deadline: float = math.inf
+) -> list[JobOutcome]:
+    """Run a chunk's jobs, (id, attempt) pairs, one after another; always returns.
+
+    Each job is started, performed and recorded on its own, as if it were alone, in one
+    statement per job: marking a job processed starts the next one
+    (:meth:`JobTable.step`), and the chunk's rows are read once. Once the monotonic
+    *deadline* has passed, the jobs not started yet are handed back (:func:`give_back`)
+    for dispatch to start again, so one task never holds a worker for long.
     """
-    model = get_kind(label)
-    if not take_lease(model, job_id, attempt, worker_identity()):
-        logger.info("%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt)
-        return JobOutcome.SKIPPED
-    job = leases(model).objects().get(pk=job_id)
-    try:
-        job.perform(Heartbeat(model, job_id, attempt))
-    except LeaseLost:
-        logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
-        outcome = JobOutcome.LEASE_LOST
-    except Exception as exc:
-        outcome = retry_or_fail(
-            model, job_id, attempt, describe(exc), permanent=isinstance(exc, PermanentFailure)
+    label = model._meta.label
+    table = JobTable(model)
+    worker = worker_identity()
+    rows = table.model._default_manager.using(table.alias).in_bulk([pk for pk, _ in chunk])
+    outcomes: list[JobOutcome] = []
+    done: tuple[int, int] | None = None  # performed; marked processed with the next start
+
+    def record_done(finished: bool) -> None:
+        outcomes.append(JobOutcome.PROCESSED if finished else _late(model, *done))
+
+    for index, (job_id, attempt) in enumerate(chunk):
+        if index and time.monotonic() >= deadline:
+            give_back(model, chunk[index:], why="ran out of time")
+            break
+        finished, started = table.step(done, (job_id, attempt), worker)
+        if done is not None:
+            record_done(finished)
+            done = None
+        job = rows.get(job_id)
+        if not started or job is None:
+            logger.info("%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt)
+            outcomes.append(JobOutcome.SKIPPED)
+            continue
+        job.attempt = attempt
+        try:
+            job.perform(Heartbeat(model, job_id, attempt))
+        except LeaseLost:
+            logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
+            outcomes.append(JobOutcome.LEASE_LOST)
+        except Exception as exc:
+            error, permanent = describe(exc), isinstance(exc, PermanentFailure)
+            outcomes.append(retry_or_fail(model, job_id, attempt, error, permanent=permanent))
+        else:
+            done = (job_id, attempt)
+    if done is not None:
+        record_done(table.step(done, None, worker)[0])
+    return outcomes
+
+
+def give_back(model: type[UniqueJob], jobs: Sequence[tuple[int, int]], *, why: str) -> int:
+    """Return dispatched jobs that no worker started to pending, their attempt not counted.
+
+    Fenced like a start (the attempt, ``running``, ``started_at`` NULL): a job a worker
+    took meanwhile is left to it. A job whose key got a pending twin meanwhile cannot be
+    pending beside it: it is failed with a note naming the twin, which does the same work.
+    Returns how many jobs went back to pending.
+    """
+    if not jobs:
+        return 0
+    table = leases(model)
+    alias = table.alias
+
+    def unstarted(pairs: Sequence[tuple[int, int]]) -> QuerySet:
+        match = Q()
+        for job_id, attempt in pairs:
+            match |= Q(pk=job_id, attempt=attempt)
+        return table.objects().filter(match, state=JobState.RUNNING, started_at=None)
+
+    def back(query: QuerySet) -> int:
+        return query.update(
+            state=JobState.PENDING,
+            attempt=F("attempt") - 1,
+            process_after=Now(),
+            lease_expires_at=None,
+            worker="",
         )
-    else:
-        outcome = finish(model, job_id, attempt)
-    return outcome
+
+    def give_back_transaction() -> int:
+        try:
+            with transaction.atomic(using=alias):
+                return back(unstarted(jobs))
+        except IntegrityError:
+            pass
+        returned = 0
+        for job_id, attempt in jobs:  # one by one: find the job whose key has a twin
+            try:
+                with transaction.atomic(using=alias):
+                    returned += back(unstarted([(job_id, attempt)]))
+            except IntegrityError:
+                twin = _pending_twin(model, job_id, alias)
+                _fail(
+                    unstarted([(job_id, attempt)]),
+                    f"{NOT_STARTED.format(attempt=attempt, why=why)}\n\n"
+                    f"{SUPERSEDED_NOTE.format(twin=twin)}",
+                )
+        return returned
+
+    returned = retry_transient(
+        give_back_transaction, alias, what=f"hand-back of {model._meta.label} jobs"
+    )
+    if returned:
+        logger.info(
+            "%s job(s) of %s handed back unstarted: their worker %s.",
+            returned,
+            model._meta.label,
+            why,
+        )
+    return returned
 
 
 def finish(model: type[UniqueJob], job_id: int, attempt: int) -> JobOutcome:
     """Mark the job processed, fenced by its attempt."""
-    done = fenced(model, job_id, attempt).update(
-        state=JobState.PROCESSED, finished_at=Now(), lease_expires_at=None, last_error=""
+    finished, _ = JobTable(model).step((job_id, attempt), None, "")
+    return JobOutcome.PROCESSED if finished else _late(model, job_id, attempt)
+
+
+def _late(model: type[UniqueJob], job_id: int, attempt: int) -> JobOutcome:
+    logger.warning(
+        "%s #%s finished attempt %s after losing its lease; not marked processed.",
+        model._meta.label,
+        job_id,
+        attempt,
     )
-    if not done:
-        logger.warning(
-            "%s #%s finished attempt %s after losing its lease; not marked processed.",
-            model._meta.label,
-            job_id,
-            attempt,
-        )
-        return JobOutcome.LEASE_LOST
-    return JobOutcome.PROCESSED
+    return JobOutcome.LEASE_LOST
 
 
 def retry_or_fail(
@@ -203,16 +303,22 @@ def _pending_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | None
 def rescue_expired(model: type[UniqueJob], limit: int) -> tuple[int, int]:
     """Give jobs whose lease expired back to pending, or fail them on their last attempt.
 
-    Runs inside the dispatch transaction. The lost attempt counts: a job that keeps
-    killing its worker ends up failed after ``max_attempts``. Returns (rescued,
-    exhausted).
+    Runs inside the dispatch transaction. The lost attempt of a job that had started
+    counts: a job that keeps killing its worker ends up failed after ``max_attempts``.
+    A job that was waiting in its chunk, not started, goes back with its attempt not
+    counted (:func:`give_back`). Returns (rescued, exhausted).
     """
     rescued = exhausted = 0
-    for row in leases(model).expired(limit):
+    unstarted = []
+    for row in leases(model).expired(limit, fields=("started_at",)):
         pk, attempt = row["pk"], row["attempt"]
+        if row["started_at"] is None:
+            unstarted.append((pk, attempt))
+            continue
         outcome = retry_or_fail(model, pk, attempt, LEASE_EXPIRED.format(attempt=attempt), delay=0)
         if outcome is JobOutcome.RETRYING:
             rescued += 1
         elif outcome in (JobOutcome.FAILED, JobOutcome.SUPERSEDED):
             exhausted += 1
+    rescued += give_back(model, unstarted, why="died, stalled or lost the task before starting it")
     return rescued, exhausted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,8 @@ class TestJob(UniqueJob):
     """A job whose payload says how it behaves: how long, how it fails, how it beats.
 
     In a process started with ``OUTBOX_TEST_STALL_DIR``, perform() writes ``started``
-    and waits for ``go`` first, so a test can freeze it mid-job.
+    and waits for ``go`` first, so a test can freeze it mid-job. A job whose note is
+    ``"crash"`` kills its own worker process (SIGKILL) on its first attempt.
     """
 
     key = models.CharField(max_length=64)
@@ -55,6 +57,8 @@ class TestJob(UniqueJob):
             attempt=self.attempt,
             pid=os.getpid(),
         )
+        if self.note == "crash" and self.attempt == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
         try:
             stall_dir = os.environ.get("OUTBOX_TEST_STALL_DIR")
             if stall_dir:
