@@ -738,7 +738,9 @@ def print_table(report: dict[str, Any]) -> None:
         f"{u['end_to_end_wide']['concurrency']}, chunks of {u['end_to_end_wide']['chunk']}); "
         f"django-q2 one task per job {saved['jobs_per_s']:,}/s (results saved: "
         f"{u['wide_vs_django_q2']}x), {unsaved['jobs_per_s']:,}/s (save=False: "
-        f"{u['wide_vs_django_q2_unsaved']}x)"
+        f"{u['wide_vs_django_q2_unsaved']}x); enqueue one transaction each "
+        f"{u['enqueue']['enqueue_one_transaction_each']['jobs_per_s']:,}/s, enqueue_many "
+        f"{u['enqueue']['enqueue_many']['jobs_per_s']:,}/s"
     )
     o = report["operations"]
     print(

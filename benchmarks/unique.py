@@ -141,6 +141,39 @@ def measure_django_q2(n: int, *, save: bool) -> dict[str, Any]:
     return {"jobs": n, "seconds": round(seconds, 3), "jobs_per_s": round(n / seconds), "save": save}
 
 
+def measure_enqueue(n: int) -> dict[str, Any]:
+    """Enqueue rates off the cluster (dispatch captured, not run): ``enqueue`` with one
+    transaction per job (``min(n, DJANGO_Q2_MAX)`` jobs), and ``enqueue_many`` of *n* jobs
+    in one transaction."""
+    from benchmarks.models import WideBenchJob
+    from django_outbox import transport
+
+    table = WideBenchJob._meta.db_table
+    single = min(n, DJANGO_Q2_MAX)
+    _fill(0, table)
+    with transport.capture():
+        begin = time.perf_counter()
+        for key in range(single):
+            with transaction.atomic():
+                WideBenchJob.enqueue(key=key)
+        single_seconds = time.perf_counter() - begin
+    _fill(0, table)
+    with transport.capture():
+        begin = time.perf_counter()
+        with transaction.atomic():
+            created = WideBenchJob.enqueue_many({"key": key} for key in range(n))
+        many_seconds = time.perf_counter() - begin
+    assert len(created) == n
+    _fill(0, table)
+    return {
+        "enqueue_one_transaction_each": {
+            "jobs": single,
+            "jobs_per_s": round(single / single_seconds),
+        },
+        "enqueue_many": {"jobs": n, "jobs_per_s": round(n / many_seconds)},
+    }
+
+
 def measure_dispatch(n: int) -> dict[str, Any]:
     """Dispatch rate (jobs/s) of *n* ready jobs: dispatch only, and end to end."""
     if connection.vendor != "postgresql":
@@ -152,6 +185,7 @@ def measure_dispatch(n: int) -> dict[str, Any]:
     end_to_end = measure_end_to_end(min(n, END_TO_END_MAX))
     wide = measure_end_to_end(min(n, END_TO_END_MAX), WideBenchJob)
     return {
+        "enqueue": measure_enqueue(n),
         "dispatch_only": measure_dispatch_only(n),
         "django_q2_one_task_per_job": django_q2,
         "django_q2_one_task_per_job_unsaved": django_q2_unsaved,

@@ -208,6 +208,48 @@ def test_a_rolled_back_enqueue_leaves_nothing_and_dispatches_nothing():
     assert not queue and not KeyedJob.objects.exists()
 
 
+def test_enqueue_many_creates_jobs_in_bulk_and_skips_keys_already_pending():
+    with transport.capture() as queue:
+        pending, _ = KeyedJob.enqueue(key="a", process_after=timedelta(hours=1))
+        with transaction.atomic():
+            created = KeyedJob.enqueue_many(
+                [{"key": "a"}, {"key": "b", "note": "first"}, {"key": "b"}, {"key": "c"}]
+            )
+            assert not queue, "dispatch waits for the commit"
+        assert [(job.key, job.note, job.state) for job in created] == [
+            ("b", "first", JobState.PENDING),
+            ("c", "", JobState.PENDING),
+        ]
+        assert started(queue) == [
+            ("uniqueapp.KeyedJob", created[0].pk, 1),
+            ("uniqueapp.KeyedJob", created[1].pk, 1),
+        ]
+    assert KeyedJob.objects.count() == 3
+    assert KeyedJob.objects.get(pk=pending.pk).state == JobState.PENDING  # untouched
+
+
+def test_enqueue_many_checks_every_item_before_writing_and_rolls_back_with_the_caller():
+    with transport.capture() as queue:
+        with pytest.raises(JobError, match=r"KeyedJob.enqueue_many\(\) got state"):
+            KeyedJob.enqueue_many([{"key": "a"}, {"key": "b", "state": "running"}])
+        with pytest.raises(RuntimeError), transaction.atomic():
+            KeyedJob.enqueue_many([{"key": f"k{n}"} for n in range(2500)])
+            assert KeyedJob.objects.count() == 2500
+            raise RuntimeError("rollback")
+    assert not queue and not KeyedJob.objects.exists()
+
+
+def test_enqueue_many_takes_process_after_for_every_job():
+    with transport.capture() as queue:
+        created = KeyedJob.enqueue_many(
+            [{"key": "a"}, {"key": "b"}], process_after=timedelta(hours=1)
+        )
+    assert not queue
+    later = database_now() + timedelta(minutes=59)
+    jobs = KeyedJob.objects.filter(pk__in=[job.pk for job in created])
+    assert len(jobs) == 2 and all(job.process_after > later for job in jobs)
+
+
 def test_the_pending_index_rejects_a_second_pending_job_written_around_enqueue():
     KeyedJob.objects.create(key="a")
     with pytest.raises(IntegrityError), transaction.atomic():

@@ -59,9 +59,22 @@ class JobTable:
         aware datetime, seconds from the database's now, or None (now). Returns the new
         job, or None when the partial unique index said a pending twin exists.
         """
-        names = [self.qn(field.column) for field, _ in values]
-        placeholders = ["%s"] * len(values)
-        params: list[Any] = [value for _, value in values]
+        created = self.insert_pending_many([values], process_after)
+        return created[0] if created else None
+
+    def insert_pending_many(
+        self,
+        rows: Sequence[Sequence[tuple[Field, Any]]],
+        process_after: datetime | float | None,
+    ) -> list[Model]:
+        """Insert pending jobs, all with the same payload fields, in one statement; skip
+        each whose unique key has a pending job (an earlier row of *rows* included).
+
+        Returns the jobs inserted, in the order of *rows*.
+        """
+        if not rows:
+            return []
+        names = [self.qn(field.column) for field, _ in rows[0]]
         if process_after is None:
             after_sql, after_params = self.now, []
         elif isinstance(process_after, datetime):
@@ -84,15 +97,17 @@ class JobTable:
             "last_error",
             "worker",
         ]
-        placeholders = [*placeholders, "%s", "0", after_sql, self.now, "''", "''"]
+        row_sql = ", ".join(["%s"] * len(names) + ["%s", "0", after_sql, self.now, "''", "''"])
+        params: list[Any] = []
+        for values in rows:
+            params += [value for _, value in values]
+            params += [PENDING, *after_params]
         sql = (
-            f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES ({', '.join(placeholders)})"
-            f"{conflict} RETURNING {returning}"
+            f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES "
+            f"{', '.join(f'({row_sql})' for _ in rows)}{conflict} RETURNING {returning}"
         )
-        rows = self._rows(sql, [*params, PENDING, *after_params])
-        if not rows:
-            return None
-        return self._instance(fields, rows[0])
+        created = [self._instance(fields, row) for row in self._rows(sql, params)]
+        return sorted(created, key=lambda job: job.pk)
 
     def _instance(self, fields: Sequence[Field], row: Sequence[Any]) -> Model:
         """Build a model instance from raw column values, converted as the ORM would."""

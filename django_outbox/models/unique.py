@@ -14,7 +14,7 @@ one over the exclusive fields among running jobs (unique while executing).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -127,6 +127,23 @@ class UniqueJob(models.Model):
         from django_outbox.unique.enqueue import enqueue
 
         return enqueue(cls, fields, process_after=process_after)
+
+    @classmethod
+    def enqueue_many(
+        cls,
+        items: Iterable[dict[str, Any]],
+        *,
+        process_after: datetime | timedelta | None = None,
+    ) -> list[UniqueJob]:
+        """Create a job for each dict of fields, in bulk; return the jobs created.
+
+        An item whose unique key has a pending job (or an earlier item with the same
+        key) creates nothing. One ``INSERT … ON CONFLICT DO NOTHING`` per 1,000 items in
+        the caller's transaction; dispatch is kicked once, after it commits.
+        """
+        from django_outbox.unique.enqueue import enqueue_many
+
+        return enqueue_many(cls, items, process_after=process_after)
 
     @classmethod
     def dispatch(cls) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,11 @@ logger = logging.getLogger("django_outbox")
 MAX_ROUNDS = 5
 
 
+#: Rows of one ``enqueue_many`` statement at most (the parameters of a statement are
+#: bounded: SQLite allows 32,766).
+MANY_ROWS = 1000
+
+
 def enqueue(
     model: type[UniqueJob],
     fields: dict[str, Any],
@@ -43,18 +49,9 @@ def enqueue(
     process_after: datetime | timedelta | None = None,
 ) -> tuple[UniqueJob, bool]:
     """Create a job of *model* unless one with the same unique key is pending."""
-    reserved = sorted(set(fields) & set(BOOKKEEPING_FIELDS))
-    if reserved:
-        raise JobError(
-            f"{model._meta.label}.enqueue() got {', '.join(reserved)}: these fields are "
-            "managed by django_outbox. Pass only the kind's own fields (and process_after)."
-        )
     after = _process_after(model, process_after)
-    try:
-        draft = model(**fields)
-    except TypeError as exc:
-        raise JobError(f"{model._meta.label}.enqueue(): {exc}") from exc
     table = JobTable(model)
+    draft = _draft(model, fields, "enqueue")
     values = _payload_values(draft, table)
     unique = {
         model._meta.get_field(name).attname: getattr(draft, model._meta.get_field(name).attname)
@@ -76,6 +73,44 @@ def enqueue(
         f"{model._meta.label}.enqueue() kept conflicting with a pending job that started "
         f"before it could be read ({MAX_ROUNDS} times); try again."
     )
+
+
+def enqueue_many(
+    model: type[UniqueJob],
+    items: Iterable[dict[str, Any]],
+    *,
+    process_after: datetime | timedelta | None = None,
+) -> list[UniqueJob]:
+    """Create a job of *model* for each dict of fields, in statements of up to
+    ``MANY_ROWS`` rows, skipping each whose unique key has a pending job (an earlier item
+    included); return the jobs created. Every item is checked before anything is
+    written. Dispatch is kicked once, after the caller's transaction commits."""
+    after = _process_after(model, process_after)
+    table = JobTable(model)
+    groups: dict[tuple[str, ...], list[list[tuple[Any, Any]]]] = {}
+    for fields in items:
+        values = _payload_values(_draft(model, fields, "enqueue_many"), table)
+        groups.setdefault(tuple(field.name for field, _ in values), []).append(values)
+    created: list[UniqueJob] = []
+    for rows in groups.values():
+        for start in range(0, len(rows), MANY_ROWS):
+            created += table.insert_pending_many(rows[start : start + MANY_ROWS], after)
+    if created:
+        kick_after_commit(model, table.alias)
+    return sorted(created, key=lambda job: job.pk)
+
+
+def _draft(model: type[UniqueJob], fields: dict[str, Any], call: str) -> UniqueJob:
+    reserved = sorted(set(fields) & set(BOOKKEEPING_FIELDS))
+    if reserved:
+        raise JobError(
+            f"{model._meta.label}.{call}() got {', '.join(reserved)}: these fields are "
+            "managed by django_outbox. Pass only the kind's own fields (and process_after)."
+        )
+    try:
+        return model(**fields)
+    except TypeError as exc:
+        raise JobError(f"{model._meta.label}.{call}(): {exc}") from exc
 
 
 def _process_after(
