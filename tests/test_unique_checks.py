@@ -15,8 +15,8 @@ from django_outbox.unique.checks import check_kind
 
 KNOWN = (
     "Known options: backoff_max_seconds, backoff_seconds, chunk_size, cluster, concurrency, "
-    "dispatch_every_minutes, lease_seconds, max_attempts, ordering, retention_days, "
-    "unique_fields, unique_while_executing."
+    "dispatch_every_minutes, lease_seconds, max_attempts, ordering, priority_field, "
+    "retention_days, unique_fields, unique_while_executing."
 )
 
 
@@ -202,4 +202,28 @@ def test_e079_job_must_be_a_class():
             'Declare "class Job:" inside the model with options as class attributes, for '
             'example unique_fields = ["blog"].',
         )
+    ]
+
+
+@pytest.mark.parametrize("name", ["blog", None])
+def test_a_priority_field_naming_an_integer_field_passes(name):
+    assert messages(kind(options(priority_field=name))) == []
+
+
+@pytest.mark.parametrize("name", ["rank", "attempt", 3])
+def test_e080_priority_field_must_name_a_non_null_integer_payload_field(name):
+    assert messages(kind(options(priority_field=name))) == [
+        (
+            "django_outbox.E080",
+            f"uniqueapp.Probe.Job.priority_field is {name!r}, which is not a non-null "
+            "integer payload field of the model.",
+            "Name an integer field declared with null=False (higher values start first): "
+            "blog; or remove the option.",
+        )
+    ]
+
+
+def test_e080_a_nullable_priority_field_is_refused():
+    assert [m[0] for m in messages(kind(options(priority_field="blog"), nullable=True))] == [
+        "django_outbox.E080"
     ]

@@ -43,6 +43,7 @@ from tests.uniqueapp.models import (
     JobRun,
     KeyedJob,
     OrderedJob,
+    PriorityJob,
     ReadyJob,
     ThrottledJob,
 )
@@ -399,6 +400,24 @@ def test_a_job_handed_back_while_its_key_got_a_pending_twin_yields_to_it():
     assert job.state == JobState.FAILED
     assert f"job #{twin.pk} with the same unique fields" in job.last_error
     assert KeyedJob.objects.get(pk=twin.pk).state == JobState.PENDING
+
+
+def test_a_priority_field_starts_the_highest_priority_ready_job_first():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            low, _ = PriorityJob.enqueue(key="low", priority=-5)
+            first_high, _ = PriorityJob.enqueue(key="high-1", priority=10)
+            middle, _ = PriorityJob.enqueue(key="middle")
+            second_high, _ = PriorityJob.enqueue(key="high-2", priority=10)
+            later, _ = PriorityJob.enqueue(
+                key="later", priority=99, process_after=timedelta(hours=1)
+            )
+        assert run_all(queue) == [JobOutcome.PROCESSED.value] * 4
+    ran = list(JobRun.objects.order_by("id").values_list("job_id", flat=True))
+    # Highest first; equal priorities in creation order; a job not due waits whatever its
+    # priority.
+    assert ran == [first_high.pk, second_high.pk, middle.pk, low.pk]
+    assert PriorityJob.objects.get(pk=later.pk).state == JobState.PENDING
 
 
 def test_a_job_of_a_running_key_waits_until_that_key_is_free():

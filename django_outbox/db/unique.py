@@ -183,6 +183,8 @@ class JobTable:
                 )
                 params.append(PENDING)
         order = "j.id" if options.ordering != "ready" else "j.process_after, j.id"
+        if options.priority_field:
+            order = f"j.{self.columns([options.priority_field])[0]} DESC, {order}"
         lock = self.dialect.skip_locked
         sql = (
             f"SELECT j.id FROM {self.table} AS j WHERE {' AND '.join(clauses)} "

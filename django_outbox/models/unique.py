@@ -215,6 +215,8 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
             )
         )
     order = ["id"] if options.ordering != "ready" else ["process_after", "id"]
+    if options.priority_field in columns:
+        order = [f"-{options.priority_field}", *order]
     indexes = [models.Index(fields=order, condition=pending, name=index_name(table, "next", order))]
     if options.exclusive_fields and not options.one_pending_per_exclusive_key:
         key = [*options.exclusive_fields, "id"]

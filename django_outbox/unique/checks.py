@@ -10,6 +10,7 @@ import inspect
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, register
+from django.db import models
 
 from django_outbox.checks import errors_of
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, all_kinds
@@ -55,6 +56,7 @@ def check_kind(model: type) -> list[CheckMessage]:
     errors.extend(errors_of(problems, obj=model))
     errors.extend(_check_backoff(model, merged["backoff_seconds"], merged["backoff_max_seconds"]))
     errors.extend(_check_cluster(model, merged["cluster"]))
+    errors.extend(_check_priority(model, merged["priority_field"]))
     if getattr(model.perform, "__qualname__", "") == "UniqueJob.perform":
         errors.append(
             Error(
@@ -106,6 +108,39 @@ def _check_fields(model: type, option: str, value: Any) -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+def _check_priority(model: type, name: Any) -> list[CheckMessage]:
+    """E080: ``priority_field`` names an integer payload field, or is None."""
+    if name is None:
+        return []
+    field = (
+        {f.name: f for f in model._meta.concrete_fields}.get(name)
+        if isinstance(name, str)
+        else None
+    )
+    if (
+        field is not None
+        and name not in BOOKKEEPING_FIELDS
+        and isinstance(field, models.IntegerField)
+        and not field.null
+    ):
+        return []
+    integers = sorted(
+        f.name
+        for f in model._meta.concrete_fields
+        if isinstance(f, models.IntegerField) and f.name not in BOOKKEEPING_FIELDS
+    )
+    return [
+        Error(
+            f"{model._meta.label}.Job.priority_field is {name!r}, which is not a non-null "
+            "integer payload field of the model.",
+            hint="Name an integer field declared with null=False (higher values start "
+            f"first): {', '.join(integers) or 'none declared'}; or remove the option.",
+            obj=model,
+            id="django_outbox.E080",
+        )
+    ]
 
 
 def _check_backoff(model: type, base: Any, cap: Any) -> list[CheckMessage]:

@@ -42,6 +42,7 @@ OPTIONS = OptionTable(
     Option("backoff_max_seconds", 3600, POSITIVE_NUMBER, "E076"),  # at least the base
     Option("concurrency", 10, POSITIVE_INT, "E075"),
     Option("chunk_size", 50, POSITIVE_INT, "E075"),
+    Option("priority_field", None),  # an integer field of the model, or None: E080
     Option("lease_seconds", 300, POSITIVE_INT, "E075"),
     Option("cluster", None, CLUSTER, "E077"),  # defined in Q_CLUSTER: E077
     Option("retention_days", 7, POSITIVE_INT, "E075"),
@@ -67,6 +68,7 @@ class KindOptions:
     backoff_max_seconds: float
     concurrency: int
     chunk_size: int
+    priority_field: str | None
     lease_seconds: int
     cluster: str | None
     retention_days: int

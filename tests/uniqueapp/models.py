@@ -132,3 +132,15 @@ class BeatingJob(TestJob):
         concurrency = 1
         lease_seconds = 2
         max_attempts = 2
+
+
+class PriorityJob(TestJob):
+    """One at a time; among ready jobs, the highest ``priority`` starts first."""
+
+    priority = models.IntegerField(default=0)
+
+    class Job:
+        unique_fields = ["key"]
+        priority_field = "priority"
+        concurrency = 1
+        lease_seconds = 60
