@@ -293,6 +293,7 @@ KINDS = [
     "uniqueapp.orderedjob",
     "uniqueapp.readyjob",
     "uniqueapp.beatingjob",
+    "uniqueapp.priorityjob",
 ]
 KIND_SCHEDULES = {
     f"django_outbox:dispatch:{kind}": (
