@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import dj_database_url
+import django
 
 # The example project's apps (``marketing``) are part of the test suite; make them
 # importable however Django is started (pytest, ``python -m django … --settings``).
@@ -41,6 +42,17 @@ INSTALLED_APPS = [
     "tests.testapp",
     "tests.uniqueapp",
 ]
+
+# The django.tasks backend exists from Django 6.0 on (django.tasks).
+TASKS_AVAILABLE = django.VERSION >= (6, 0)
+if TASKS_AVAILABLE:
+    INSTALLED_APPS.append("django_outbox.tasks_backend")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_outbox.tasks_backend.OutboxTaskBackend",
+            "QUEUES": ["default", "emails"],
+        }
+    }
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -42,12 +42,17 @@ INTERFACE = {
 }
 LAYERS = ("base", "config", "models", "sql", "engine", "interface")
 
-#: The one upward import allowed: the public ``Kind.enqueue()`` and ``Kind.dispatch()``
-#: of a unique-job model reach the engine through a lazy accessor.
+#: The upward imports allowed: the public ``Kind.enqueue()`` and ``Kind.dispatch()``
+#: of a unique-job model reach the engine through a lazy accessor; so do the task kind's
+#: ``perform()`` (the task runner) and its options (read from ``TASKS``).
 ALLOWED = {
     ("django_outbox.models.unique", "django_outbox.unique.enqueue"),
     ("django_outbox.models.unique", "django_outbox.unique.dispatch"),
+    ("django_outbox.tasks_backend.models", "django_outbox.tasks_backend.execute"),
+    ("django_outbox.tasks_backend.models", "django_outbox.tasks_backend.options"),
 }
+#: The django.tasks backend is an interface over the engine, with a model of its own.
+TASKS_BACKEND = "django_outbox.tasks_backend"
 
 
 def layer(module: str) -> int:
@@ -57,6 +62,10 @@ def layer(module: str) -> int:
         return 1
     if module == "django_outbox.models" or module.startswith("django_outbox.models."):
         return 2
+    if module == f"{TASKS_BACKEND}.models":
+        return 2
+    if module == TASKS_BACKEND or module.startswith(f"{TASKS_BACKEND}."):
+        return 5
     if module == "django_outbox.db" or module.startswith("django_outbox.db."):
         return 3
     if module in INTERFACE or module.startswith("django_outbox.management."):

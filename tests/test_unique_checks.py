@@ -15,8 +15,9 @@ from django_outbox.unique.checks import check_kind
 
 KNOWN = (
     "Known options: backoff_max_seconds, backoff_seconds, chunk_size, cluster, concurrency, "
-    "dispatch_every_minutes, lease_seconds, max_attempts, ordering, priority_field, "
-    "retention_days, unique_fields, unique_while_executing."
+    "dispatch_every_minutes, lease_seconds, max_attempts, nullable_keys, ordering, "
+    "priority_field, result_field, retention_days, unique_fields, unique_while_executing, "
+    "workers_field."
 )
 
 
@@ -24,11 +25,14 @@ def messages(model: type) -> list[tuple[str, str, str]]:
     return [(m.id, m.msg, m.hint) for m in check_kind(model)]
 
 
-def kind(job: object = None, *, perform: bool = True, nullable: bool = False) -> type:
+def kind(
+    job: object = None, *, perform: bool = True, nullable: bool = False, **fields: models.Field
+) -> type:
     """Declare a kind ``uniqueapp.Probe`` with *job* as its ``Job`` (in isolated apps)."""
     attrs: dict[str, object] = {
         "__module__": "tests.uniqueapp.models",
         "blog": models.IntegerField(null=nullable),
+        **fields,
         "Meta": type("Meta", (), {"app_label": "uniqueapp"}),
     }
     if job is not None:
@@ -106,9 +110,18 @@ def test_e073_nullable_unique_field():
             "django_outbox.E073",
             "uniqueapp.Probe.Job.unique_fields names 'blog', which is nullable: jobs whose blog "
             "is NULL never conflict, so they would not be unique.",
-            "Declare blog with null=False.",
+            "Declare blog with null=False, or set nullable_keys = True if a job without a "
+            "key (NULL) is meant to run unconstrained.",
         )
     ]
+
+
+def test_nullable_keys_allows_a_nullable_unique_field():
+    assert messages(kind(options(unique_fields=["blog"], nullable_keys=True), nullable=True)) == []
+
+
+def test_e083_nullable_keys_must_be_a_bool():
+    assert [m[0] for m in messages(kind(options(nullable_keys="yes")))] == ["django_outbox.E083"]
 
 
 def test_e074_ordering():
@@ -226,4 +239,45 @@ def test_e080_priority_field_must_name_a_non_null_integer_payload_field(name):
 def test_e080_a_nullable_priority_field_is_refused():
     assert [m[0] for m in messages(kind(options(priority_field="blog"), nullable=True))] == [
         "django_outbox.E080"
+    ]
+
+
+def test_result_and_workers_fields_naming_fitting_fields_pass():
+    model = kind(
+        options(result_field="outcome", workers_field="workers"),
+        outcome=models.JSONField(null=True),
+        workers=models.TextField(default=""),
+    )
+    assert messages(model) == []
+
+
+@pytest.mark.parametrize(
+    ("option", "field", "check", "what", "hint"),
+    [
+        (
+            "result_field",
+            models.JSONField(),
+            "E081",
+            "a nullable JSON",
+            "Name a JSONField declared with null=True (perform()'s return value is stored in "
+            "it): none declared; or remove the option.",
+        ),
+        (
+            "workers_field",
+            models.CharField(max_length=10),
+            "E082",
+            "a non-null text",
+            'Name a TextField declared with default="" (each attempt appends its worker): '
+            "none declared; or remove the option.",
+        ),
+    ],
+)
+def test_e081_e082_result_and_workers_fields_must_fit(option, field, check, what, hint):
+    assert messages(kind(options(**{option: "extra"}), extra=field)) == [
+        (
+            f"django_outbox.{check}",
+            f"uniqueapp.Probe.Job.{option} is 'extra', which is not {what} payload field of "
+            "the model.",
+            hint,
+        )
     ]

@@ -203,12 +203,27 @@ class JobTable:
         assignments, set_params = self._start_set()
         # A materialized CTE runs the LIMIT query once: as an IN (subquery), PostgreSQL
         # may run it again for every row of a nested loop and start more than *limit*.
+        # RETURNING gives no order: it returns the sort key too (priority, then the due
+        # time with ``ready`` ordering, then id), and the rows are sorted here.
+        key = []
+        if self.options.priority_field:
+            key.append(self.columns([self.options.priority_field])[0])
+        if self.options.ordering == "ready":
+            key.append("process_after")
         rows = self._rows(
             f"WITH next AS MATERIALIZED ({select}) UPDATE {self.table} {assignments} "
-            "WHERE state = %s AND id IN (SELECT id FROM next) RETURNING id, attempt",
+            "WHERE state = %s AND id IN (SELECT id FROM next) "
+            f"RETURNING {', '.join(['id', 'attempt', *key])}",
             [*select_params, limit, *set_params, PENDING],
         )
-        return sorted((int(pk), int(attempt)) for pk, attempt in rows)
+
+        def order(row: Sequence[Any]) -> tuple[Any, ...]:
+            rest = list(row[2:])
+            if self.options.priority_field:
+                rest[0] = -rest[0]
+            return (*rest, row[0])
+
+        return [(int(row[0]), int(row[1])) for row in sorted(rows, key=order)]
 
     def next_ready_ids(self, limit: int) -> list[int]:
         """The ids :meth:`start_next` would start, without starting them (the fallback)."""
@@ -227,7 +242,11 @@ class JobTable:
     # -- execution -------------------------------------------------------------------
 
     def step(
-        self, finish: tuple[int, int] | None, start: tuple[int, int] | None, worker: str
+        self,
+        finish: tuple[int, int] | None,
+        start: tuple[int, int] | None,
+        worker: str,
+        result: Any = None,
     ) -> tuple[bool, bool]:
         """Mark one job processed and start the next, in one statement; either may be None.
 
@@ -235,7 +254,9 @@ class JobTable:
         it runs that attempt; starting matches it only while no worker has started that
         attempt (``started_at`` NULL), and stamps the start, renews the lease and records
         *worker*. Returns whether each matched (False: the lease is lost, or the attempt is
-        not ours to start).
+        not ours to start). A kind with a ``result_field`` stores *result* (a database
+        value) in the finished job; one with a ``workers_field`` appends *worker* to the
+        started job's.
 
         Run on its own (not inside a transaction of the caller's), the statement commits
         without waiting for the log flush (:attr:`Dialect.no_flush_wait`): a server crash
@@ -247,6 +268,17 @@ class JobTable:
         now = self.now
         done = "id = %s"
         flush = "" if self.connection.in_atomic_block else self.dialect.no_flush_wait
+        finish_id, finish_attempt = finish or (None, None)
+        start_id, start_attempt = start or (None, None)
+        extra, extra_params = "", []
+        if self.options.result_field:
+            column = self.columns([self.options.result_field])[0]
+            extra += f", {column} = CASE WHEN {done} THEN %s ELSE {column} END"
+            extra_params += [finish_id, result]
+        if self.options.workers_field:
+            column = self.columns([self.options.workers_field])[0]
+            extra += f", {column} = CASE WHEN {done} THEN {column} ELSE {column} || %s END"
+            extra_params += [finish_id, f"{worker}\n"]
         # The conditions sit inside a CASE so that the planner finds the two rows by
         # primary key: a plain "state = 'running'" lets it pick the partial index of
         # running jobs and walk all of them.
@@ -257,13 +289,11 @@ class JobTable:
             f"last_error = CASE WHEN {done} THEN '' ELSE last_error END, "
             f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
             f"started_at = CASE WHEN {done} THEN started_at ELSE {now} END, "
-            f"worker = CASE WHEN {done} THEN worker ELSE %s END "
+            f"worker = CASE WHEN {done} THEN worker ELSE %s END{extra} "
             f"WHERE id IN (%s, %s) AND CASE WHEN {done} THEN state = %s AND attempt = %s "
             "ELSE state = %s AND attempt = %s AND started_at IS NULL END "
             f"RETURNING id{flush}"
         )
-        finish_id, finish_attempt = finish or (None, None)
-        start_id, start_attempt = start or (None, None)
         params = [
             finish_id,
             PROCESSED,
@@ -274,6 +304,7 @@ class JobTable:
             finish_id,
             finish_id,
             worker,
+            *extra_params,
             finish_id,
             start_id,
             finish_id,

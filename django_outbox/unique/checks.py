@@ -1,4 +1,4 @@
-"""System checks of unique-job kinds: ids ``django_outbox.E070`` to ``E079``.
+"""System checks of unique-job kinds: ids ``django_outbox.E070`` to ``E083``.
 
 Each concrete subclass of ``UniqueJob`` is checked for the options of its ``class Job:``
 and for a ``perform()`` of its own.
@@ -7,6 +7,8 @@ and for a ``perform()`` of its own.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, register
@@ -51,12 +53,13 @@ def check_kind(model: type) -> list[CheckMessage]:
         OPTIONS.unknown_problems(declared, where=f"{label}.Job", check="E070"), obj=model
     )
     for option in FIELD_OPTIONS:
-        errors.extend(_check_fields(model, option, merged[option]))
+        errors.extend(_check_fields(model, option, merged[option], merged["nullable_keys"]))
     problems = OPTIONS.problems(declared, lambda option: f"{label}.Job.{option}")
     errors.extend(errors_of(problems, obj=model))
     errors.extend(_check_backoff(model, merged["backoff_seconds"], merged["backoff_max_seconds"]))
     errors.extend(_check_cluster(model, merged["cluster"]))
-    errors.extend(_check_priority(model, merged["priority_field"]))
+    for option, check in NAMED_FIELDS.items():
+        errors.extend(_check_named_field(model, option, merged[option], check))
     if getattr(model.perform, "__qualname__", "") == "UniqueJob.perform":
         errors.append(
             Error(
@@ -69,7 +72,7 @@ def check_kind(model: type) -> list[CheckMessage]:
     return errors
 
 
-def _check_fields(model: type, option: str, value: Any) -> list[CheckMessage]:
+def _check_fields(model: type, option: str, value: Any, nullable_keys: Any) -> list[CheckMessage]:
     label = model._meta.label
     if value is None and option == "unique_while_executing":
         return []
@@ -97,12 +100,13 @@ def _check_fields(model: type, option: str, value: Any) -> list[CheckMessage]:
                     id="django_outbox.E072",
                 )
             )
-        elif field.null:
+        elif field.null and nullable_keys is not True:
             errors.append(
                 Error(
                     f"{label}.Job.{option} names {name!r}, which is nullable: jobs whose "
                     f"{name} is NULL never conflict, so they would not be unique.",
-                    hint=f"Declare {name} with null=False.",
+                    hint=f"Declare {name} with null=False, or set nullable_keys = True if a "
+                    "job without a key (NULL) is meant to run unconstrained.",
                     obj=model,
                     id="django_outbox.E073",
                 )
@@ -110,35 +114,56 @@ def _check_fields(model: type, option: str, value: Any) -> list[CheckMessage]:
     return errors
 
 
-def _check_priority(model: type, name: Any) -> list[CheckMessage]:
-    """E080: ``priority_field`` names an integer payload field, or is None."""
+@dataclass(frozen=True)
+class FieldOption:
+    """An option that names one payload field of a kind of model field."""
+
+    check: str
+    what: str
+    fits: Callable[[models.Field], bool]
+    hint: str
+
+
+NAMED_FIELDS = {
+    "priority_field": FieldOption(
+        "E080",
+        "a non-null integer",
+        lambda f: isinstance(f, models.IntegerField) and not f.null,
+        "Name an integer field declared with null=False (higher values start first)",
+    ),
+    "result_field": FieldOption(
+        "E081",
+        "a nullable JSON",
+        lambda f: isinstance(f, models.JSONField) and f.null,
+        "Name a JSONField declared with null=True (perform()'s return value is stored in it)",
+    ),
+    "workers_field": FieldOption(
+        "E082",
+        "a non-null text",
+        lambda f: isinstance(f, models.TextField) and not f.null,
+        'Name a TextField declared with default="" (each attempt appends its worker)',
+    ),
+}
+
+
+def _check_named_field(
+    model: type, option: str, name: Any, kind: FieldOption
+) -> list[CheckMessage]:
+    """``priority_field``, ``result_field``, ``workers_field``: a fitting payload field, or None."""
     if name is None:
         return []
-    field = (
-        {f.name: f for f in model._meta.concrete_fields}.get(name)
-        if isinstance(name, str)
-        else None
-    )
-    if (
-        field is not None
-        and name not in BOOKKEEPING_FIELDS
-        and isinstance(field, models.IntegerField)
-        and not field.null
-    ):
+    payload = {f.name: f for f in model._meta.concrete_fields if f.name not in BOOKKEEPING_FIELDS}
+    field = payload.get(name) if isinstance(name, str) else None
+    if field is not None and kind.fits(field):
         return []
-    integers = sorted(
-        f.name
-        for f in model._meta.concrete_fields
-        if isinstance(f, models.IntegerField) and f.name not in BOOKKEEPING_FIELDS
-    )
+    fitting = sorted(n for n, f in payload.items() if kind.fits(f))
     return [
         Error(
-            f"{model._meta.label}.Job.priority_field is {name!r}, which is not a non-null "
-            "integer payload field of the model.",
-            hint="Name an integer field declared with null=False (higher values start "
-            f"first): {', '.join(integers) or 'none declared'}; or remove the option.",
+            f"{model._meta.label}.Job.{option} is {name!r}, which is not {kind.what} "
+            "payload field of the model.",
+            hint=f"{kind.hint}: {', '.join(fitting) or 'none declared'}; or remove the option.",
             obj=model,
-            id="django_outbox.E080",
+            id=f"django_outbox.{kind.check}",
         )
     ]
 

@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 from django_outbox.db.transient import retry_transient
 from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
+from django_outbox.jsondata import dumps
 from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
 from django_outbox.models.unique import JobState, get_kind
 from django_outbox.unique.options import kind_options
@@ -120,6 +121,7 @@ def execute_chunk(
     rows = table.model._default_manager.using(table.alias).in_bulk([pk for pk, _ in chunk])
     outcomes: list[JobOutcome] = []
     done: tuple[int, int] | None = None  # performed; marked processed with the next start
+    result = None  # what the job that is done returned, as its result_field stores it
 
     def record_done(finished: bool) -> None:
         outcomes.append(JobOutcome.PROCESSED if finished else _late(model, *done))
@@ -128,7 +130,7 @@ def execute_chunk(
         if index and time.monotonic() >= deadline:
             give_back(model, chunk[index:], why="ran out of time")
             break
-        finished, started = table.step(done, (job_id, attempt), worker)
+        finished, started = table.step(done, (job_id, attempt), worker, result)
         if done is not None:
             record_done(finished)
             done = None
@@ -139,7 +141,8 @@ def execute_chunk(
             continue
         job.attempt = attempt
         try:
-            job.perform(Heartbeat(model, job_id, attempt))
+            returned = job.perform(Heartbeat(model, job_id, attempt))
+            result = stored_result(table, returned)
         except LeaseLost:
             logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
             outcomes.append(JobOutcome.LEASE_LOST)
@@ -149,8 +152,27 @@ def execute_chunk(
         else:
             done = (job_id, attempt)
     if done is not None:
-        record_done(table.step(done, None, worker)[0])
+        record_done(table.step(done, None, worker, result)[0])
     return outcomes
+
+
+def stored_result(table: JobTable, returned: object) -> object:
+    """*returned* as the kind's ``result_field`` stores it (None without one).
+
+    A value that is not JSON raises :class:`PermanentFailure`: the attempt fails, since
+    running it again would return the same kind of value.
+    """
+    name = table.options.result_field
+    if name is None:
+        return None
+    field = table.model._meta.get_field(name)
+    try:
+        dumps(returned, cls=field.encoder)
+        return field.get_db_prep_save(returned, table.connection)
+    except (TypeError, ValueError) as exc:
+        raise PermanentFailure(
+            f"perform() returned a value {name} cannot store as JSON: {exc}"
+        ) from exc
 
 
 def give_back(model: type[UniqueJob], jobs: Sequence[tuple[int, int]], *, why: str) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django_outbox.options import (
+    BOOL,
     CLUSTER,
     POSITIVE_INT,
     POSITIVE_NUMBER,
@@ -43,6 +44,9 @@ OPTIONS = OptionTable(
     Option("concurrency", 10, POSITIVE_INT, "E075"),
     Option("chunk_size", 50, POSITIVE_INT, "E075"),
     Option("priority_field", None),  # an integer field of the model, or None: E080
+    Option("result_field", None),  # a nullable JSONField of the model, or None: E081
+    Option("workers_field", None),  # a TextField of the model, or None: E082
+    Option("nullable_keys", False, BOOL, "E083"),  # NULL key fields allowed (E073)
     Option("lease_seconds", 300, POSITIVE_INT, "E075"),
     Option("cluster", None, CLUSTER, "E077"),  # defined in Q_CLUSTER: E077
     Option("retention_days", 7, POSITIVE_INT, "E075"),
@@ -58,6 +62,10 @@ class KindOptions:
     ``unique_fields`` make a job unique until executed (one pending job per key);
     ``exclusive_fields`` (``unique_while_executing``, by default the unique fields) make
     it unique while executing (one running job per key) and relate jobs for ordering.
+    With ``nullable_keys`` a job whose key holds a NULL has no key: it never conflicts
+    with another job nor waits for one. ``result_field`` stores what ``perform()``
+    returned (JSON), written by the statement that marks the job processed;
+    ``workers_field`` collects the worker of every attempt, one per line.
     """
 
     unique_fields: tuple[str, ...]
@@ -69,6 +77,9 @@ class KindOptions:
     concurrency: int
     chunk_size: int
     priority_field: str | None
+    result_field: str | None
+    workers_field: str | None
+    nullable_keys: bool
     lease_seconds: int
     cluster: str | None
     retention_days: int
@@ -99,11 +110,17 @@ def _names(value: Any) -> tuple[str, ...]:
 
 
 def kind_options(model: type[UniqueJob]) -> KindOptions:
-    """Return *model*'s effective options, cached on the class."""
+    """Return *model*'s effective options, cached on the class.
+
+    A kind whose options come partly from settings (the task records of the
+    ``django.tasks`` backend) defines a ``configured_job_options()`` classmethod; those
+    values are validated by that feature's own checks.
+    """
     cached = model.__dict__.get("_kind_options")
     if cached is not None:
         return cached
-    values = OPTIONS.effective(declared_options(model))
+    configured = getattr(model, "configured_job_options", None)
+    values = OPTIONS.effective({**declared_options(model), **(configured() if configured else {})})
     unique = _names(values["unique_fields"])
     exclusive = values.pop("unique_while_executing")
     values["unique_fields"] = unique

@@ -1,0 +1,155 @@
+"""Running one task record: the job engine calls :func:`perform` under the row's lease.
+
+The task is called with the stored arguments (and its ``TaskContext`` when it takes
+one); what it returns is normalized to JSON and stored by the engine in the statement
+that marks the row processed. An exception fails the attempt: the engine retries it
+with backoff or, on the last attempt, keeps it failed for an operator. Django's
+``task_started`` signal is sent before the call, ``task_finished`` after a success or
+after the last attempt failed.
+
+The engine extends a job's lease only when the job calls ``heartbeat()``; task
+functions know nothing of it, so one thread per worker process does it for them every
+third of ``lease_seconds`` while a task runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.tasks import TaskContext, TaskResultStatus, task_backends
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+
+from django_outbox.exceptions import LeaseLost, PermanentFailure
+from django_outbox.idempotency import idempotent
+from django_outbox.lease import describe, worker_identity
+from django_outbox.tasks_backend.backend import OutboxTaskBackend, errors_of, load_task
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from django_outbox.tasks_backend.models import TaskRecord
+
+logger = logging.getLogger("django_outbox")
+
+#: The scope of the idempotency keys of tasks: ``django.tasks:`` and the task's path.
+IDEMPOTENCY_SCOPE = "django.tasks:{path}"
+
+
+def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
+    """Call the record's task; return its return value (JSON)."""
+    try:
+        task = load_task(record.task_path)
+    except LookupError as exc:
+        raise PermanentFailure(str(exc)) from exc
+    backend = _backend(record.backend)
+    now = timezone.now()
+    result = backend.result_of(record, task)
+    running = replace(
+        result,
+        status=TaskResultStatus.RUNNING,
+        started_at=now,
+        last_attempted_at=now,
+        finished_at=None,
+        errors=[],
+        worker_ids=[*result.worker_ids, worker_identity()],
+    )
+    task_started.send(type(backend), task_result=running)
+    args = [TaskContext(task_result=running), *record.args] if task.takes_context else record.args
+    try:
+        with KEEPER.keep(heartbeat, record.job_options().lease_seconds):
+            value = _call(task.call, args, record)
+    except Exception as exc:
+        options = record.job_options()
+        if isinstance(exc, PermanentFailure) or record.attempt >= options.max_attempts:
+            failed = replace(
+                running,
+                status=TaskResultStatus.FAILED,
+                finished_at=timezone.now(),
+                errors=[errors_of(describe(exc))],
+            )
+            task_finished.send(type(backend), task_result=failed)
+        raise
+    done = replace(running, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
+    object.__setattr__(done, "_return_value", value)
+    task_finished.send(type(backend), task_result=done)
+    return value
+
+
+def _call(call: Callable[..., Any], args: list[Any], record: TaskRecord) -> Any:
+    if not record.idempotency_key:
+        return _json(call(*args, **record.kwargs))
+    scope = IDEMPOTENCY_SCOPE.format(path=record.task_path)
+    with idempotent(record.idempotency_key, scope=scope) as guard:
+        if not guard.done:
+            guard.result = _json(call(*args, **record.kwargs))
+        return guard.result
+
+
+def _json(value: Any) -> Any:
+    """The return value as Django normalizes it; one that is not JSON fails for good."""
+    try:
+        return normalize_json(value)
+    except TypeError as exc:
+        raise PermanentFailure(f"The task returned a value it cannot store as JSON: {exc}") from exc
+
+
+def _backend(alias: str) -> OutboxTaskBackend:
+    """The backend of the row's alias (our class if the alias is gone from TASKS)."""
+    try:
+        backend = task_backends[alias]
+    except Exception:  # InvalidTaskBackend: the alias was removed since the enqueue
+        return OutboxTaskBackend(alias, {"QUEUES": []})
+    return backend if isinstance(backend, OutboxTaskBackend) else OutboxTaskBackend(alias, {})
+
+
+class _LeaseKeeper:
+    """One thread per worker process that heartbeats the task running now, if it runs
+    longer than a third of ``lease_seconds`` (started on first use, after the fork)."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.current: tuple[Callable[[], None], float] | None = None
+        self.pid = 0
+
+    @contextmanager
+    def keep(self, heartbeat: Callable[[], None], lease_seconds: float) -> Iterator[None]:
+        with self.changed:
+            if self.pid != os.getpid():
+                self.pid = os.getpid()
+                threading.Thread(target=self._run, name="outbox-task-lease", daemon=True).start()
+            self.current = (heartbeat, lease_seconds / 3)
+            self.changed.notify()
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.current = None
+                self.changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.changed:
+                while self.current is None:
+                    self.changed.wait()
+                current = self.current
+                if self.changed.wait_for(lambda c=current: self.current is not c, current[1]):
+                    continue  # the task ended (or another began) before its lease needed it
+            try:
+                current[0]()
+            except LeaseLost:
+                pass  # the engine finds out when it records the outcome, fenced by the attempt
+            except Exception:
+                logger.warning("Heartbeat of a running task failed.", exc_info=True)
+            finally:
+                connections.close_all()  # this thread's own: not held between heartbeats
+
+
+KEEPER = _LeaseKeeper()

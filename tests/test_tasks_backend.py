@@ -1,0 +1,401 @@
+"""The django.tasks backend, fast tier: Django's task API against our tables, run inline.
+
+Tasks handed to django-q2 are captured (``transport.capture``) and run in this process
+with the code the cluster runs. Django 6.0+ only (django.tasks).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+
+pytest.importorskip("django.tasks", reason="django.tasks exists from Django 6.0 on")
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from django.db.models.functions import Now
+from django.tasks import TaskResultStatus, task_backends
+from django.tasks.exceptions import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+)
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.test import override_settings
+
+from django_outbox import transport
+from django_outbox.db import database_now
+from django_outbox.tasks_backend import checks as backend_checks
+from django_outbox.tasks_backend.backend import exception_path
+from django_outbox.tasks_backend.models import TaskRecord
+from django_outbox.unique.dispatch import RUN, dispatch
+from tests import taskfuncs
+from tests.taskfuncs import (
+    add,
+    async_add,
+    attempts,
+    charge,
+    fail,
+    outlive_lease,
+    record,
+    send_email,
+    unserializable,
+)
+from tests.testapp.models import JobEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKEND = "django_outbox.tasks_backend.OutboxTaskBackend"
+
+
+def run_all(queue: deque[transport.Job]) -> list[str]:
+    """Run captured chunks, and those they hand on, until none is left; return outcomes."""
+    outcomes = []
+    while queue:
+        job = queue.popleft()
+        assert job.func == RUN
+        outcomes.extend(job.run())
+    return outcomes
+
+
+def retry_now() -> None:
+    """Make every pending task due (what waiting out the backoff would do)."""
+    TaskRecord.objects.filter(state="pending").update(process_after=Now())
+
+
+# -- enqueue and results -----------------------------------------------------------------
+
+
+def test_enqueue_returns_a_ready_result_that_get_result_and_refresh_follow():
+    with transport.capture() as queue:
+        result = add.enqueue(2, 3)
+        assert result.status == TaskResultStatus.READY
+        assert (result.args, result.kwargs, result.backend) == ([2, 3], {}, "default")
+        assert result.enqueued_at is not None and result.started_at is None
+        assert result.task.func is add.func and result.worker_ids == [] and result.errors == []
+        with pytest.raises(ValueError, match="not finished"):
+            _ = result.return_value
+        assert add.get_result(result.id).status == TaskResultStatus.READY
+
+        assert run_all(queue) == ["processed"]
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.attempts == 1 and len(result.worker_ids) == 1
+    assert result.started_at <= result.finished_at and result.last_attempted_at is not None
+    fetched = async_to_sync(add.aget_result)(result.id)
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+
+
+def test_a_task_enqueued_in_a_rolled_back_transaction_never_existed():
+    with transport.capture() as queue:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            result = record.enqueue("rolled back")
+            assert TaskRecord.objects.filter(pk=result.id).exists()
+            raise RuntimeError("roll back")
+        assert list(queue) == []
+    with pytest.raises(TaskResultDoesNotExist):
+        record.get_result(result.id)
+    assert not TaskRecord.objects.exists()
+
+
+def test_the_commit_hands_the_task_to_workers_not_the_enqueue():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            result = record.enqueue("committed", value=1)
+            assert list(queue) == []  # not before the commit
+        assert [job.func for job in queue] == [RUN]
+        assert run_all(queue) == ["processed"]
+    assert list(JobEffect.objects.values_list("label", "value")) == [("committed", 1)]
+    assert record.get_result(result.id).return_value is None
+
+
+def test_get_result_refuses_unknown_ids_and_results_of_another_task():
+    with transport.capture():
+        email = send_email.enqueue("a@example.com")
+    for bad in ("12345678", "not a number", ""):
+        with pytest.raises(TaskResultDoesNotExist):
+            add.get_result(bad)
+    with pytest.raises(TaskResultMismatch):
+        add.get_result(email.id)
+
+
+def test_queue_names_and_priorities_are_kept_and_checked():
+    with transport.capture():
+        email = send_email.enqueue("a@example.com")
+    task = send_email.get_result(email.id).task
+    assert (task.queue_name, task.priority) == ("emails", 10)
+    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid"):
+        add.using(queue_name="nowhere").enqueue(1, 2)
+
+
+def test_higher_priority_tasks_start_first():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            low = add.using(priority=-5).enqueue(1, 1)
+            plain = add.enqueue(2, 2)
+            high = add.using(priority=50).enqueue(3, 3)
+        ids = [pk for job in queue for pk, _ in job.args[1]]
+    assert ids == [int(high.id), int(plain.id), int(low.id)]
+
+
+def test_run_after_defers_the_task():
+    later = database_now() + timedelta(hours=1)
+    with transport.capture() as queue:
+        result = add.using(run_after=later).enqueue(1, 2)
+        run_all(queue)
+        assert dispatch(TaskRecord).dispatched == 0
+        assert add.get_result(result.id).status == TaskResultStatus.READY
+        assert add.get_result(result.id).task.run_after == later
+
+        TaskRecord.objects.filter(pk=result.id).update(process_after=Now())
+        dispatch(TaskRecord)
+        assert run_all(queue) == ["processed"]
+    assert add.get_result(result.id).return_value == 3
+
+
+def test_arguments_that_are_not_json_are_refused_and_nothing_is_written():
+    with pytest.raises(TypeError, match="must be JSON-serializable"):
+        add.enqueue({1, 2}, 3)
+    assert not TaskRecord.objects.exists()
+
+
+def test_an_async_task_runs():
+    with transport.capture() as queue:
+        result = async_add.enqueue(1, 2)
+        run_all(queue)
+    assert async_add.get_result(result.id).return_value == 3
+
+
+# -- failures ------------------------------------------------------------------------
+
+
+def test_a_failing_task_is_retried_with_backoff_then_kept_failed_with_its_error():
+    with transport.capture() as queue:
+        result = fail.enqueue("boom")
+        assert run_all(queue) == ["retrying"]
+        result.refresh()
+        assert result.status == TaskResultStatus.READY  # waiting for its retry
+        [error] = result.errors
+        assert error.exception_class_path == "tests.taskfuncs.TaskBoom"
+        assert error.exception_class is taskfuncs.TaskBoom
+        assert "TaskBoom: boom" in error.traceback
+        row = TaskRecord.objects.get(pk=result.id)
+        assert row.process_after > database_now()  # the backoff
+
+        for _ in range(2):
+            retry_now()
+            dispatch(TaskRecord)
+            run_all(queue)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 3 and result.finished_at is not None
+    assert result.errors[0].exception_class_path == "tests.taskfuncs.TaskBoom"
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+    assert JobEffect.objects.filter(label="fail").count() == 3  # each attempt ran
+
+
+def test_the_context_counts_attempts():
+    with transport.capture() as queue:
+        result = attempts.enqueue("ctx")
+        run_all(queue)
+        retry_now()
+        dispatch(TaskRecord)
+        run_all(queue)
+    result.refresh()
+    assert result.return_value == {"attempt": 2, "id": result.id}
+    assert list(JobEffect.objects.order_by("pk").values_list("value", flat=True)) == [1, 2]
+    assert result.errors == []  # the last attempt's error only: it succeeded
+
+
+def test_a_return_value_that_is_not_json_fails_the_task_at_once():
+    with transport.capture() as queue:
+        result = unserializable.enqueue()
+        assert run_all(queue) == ["failed"]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    assert "cannot store as JSON" in result.errors[0].traceback
+
+
+def test_options_tune_the_task_kind():
+    tasks = {"default": {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 1}}}
+    with override_settings(TASKS=tasks):
+        assert TaskRecord.job_options().max_attempts == 1
+        with transport.capture() as queue:
+            result = fail.enqueue("once")
+            assert run_all(queue) == ["failed"]
+        assert fail.get_result(result.id).status == TaskResultStatus.FAILED
+    assert TaskRecord.job_options().max_attempts == 3
+
+
+def test_the_lease_of_a_long_task_is_kept_while_it_runs():
+    tasks = {"default": {"BACKEND": BACKEND, "OPTIONS": {"LEASE_SECONDS": 1}}}
+    with override_settings(TASKS=tasks), transport.capture() as queue:
+        result = outlive_lease.enqueue(1.5)
+        assert run_all(queue) == ["processed"]
+    assert outlive_lease.get_result(result.id).return_value is True
+
+
+# -- uniqueness and idempotency ----------------------------------------------------------
+
+
+def test_a_unique_key_holds_one_pending_task_per_task_and_key():
+    with transport.capture() as queue:
+        with transaction.atomic():  # pending: the commit starts them
+            first = add.using(unique_key="k").enqueue(1, 2)
+            again = add.using(unique_key="k").enqueue(5, 5)
+            other_task = record.using(unique_key="k").enqueue("other")
+        assert again.id == first.id and again.args == [1, 2]
+        assert other_task.id != first.id
+        run_all(queue)
+        after = add.using(unique_key="k").enqueue(7, 7)
+    assert after.id != first.id
+
+
+def test_an_idempotency_key_commits_the_effect_once():
+    with transport.capture() as queue:
+        one = charge.using(idempotency_key="order-1").enqueue("order-1")
+        two = charge.using(idempotency_key="order-1").enqueue("order-1")
+        run_all(queue)
+    assert JobEffect.objects.filter(label="charge").count() == 1
+    one.refresh()
+    two.refresh()
+    assert one.return_value == two.return_value == {"charge": JobEffect.objects.get().pk}
+
+
+def test_keys_are_checked():
+    with pytest.raises(InvalidTask, match="unique_key must be a string of 1 to 255"):
+        add.using(unique_key="x" * 256)
+    with pytest.raises(InvalidTask, match="idempotency_key must be"):
+        add.using(idempotency_key="")
+
+
+# -- enqueue_many ----------------------------------------------------------------------
+
+
+def test_enqueue_many_inserts_in_bulk_and_kicks_once():
+    with transport.capture() as queue:
+        with transaction.atomic():
+            results = add.enqueue_many([((n, n), {}) for n in range(2500)])
+        assert len(results) == 2500 and len({r.id for r in results}) == 2500
+        assert all(r.status == TaskResultStatus.READY for r in results)
+        assert results[7].args == [7, 7]
+        run_all(queue)
+    assert TaskRecord.objects.filter(state="processed").count() == 2500
+    assert add.get_result(results[7].id).return_value == 14
+
+
+def test_enqueue_many_with_a_unique_key_creates_one():
+    with transport.capture():
+        results = add.using(unique_key="once").enqueue_many([((1, 1), {}), ((2, 2), {})])
+    assert len(results) == 1 and TaskRecord.objects.count() == 1
+
+
+# -- signals -------------------------------------------------------------------------
+
+
+def test_django_task_signals_are_sent():
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((task_result.id, task_result.status))
+
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.connect(receiver, weak=False)
+    try:
+        with transport.capture() as queue:
+            result = add.enqueue(1, 1)
+            run_all(queue)
+    finally:
+        for signal in (task_enqueued, task_started, task_finished):
+            signal.disconnect(receiver)
+    assert seen == [
+        (result.id, TaskResultStatus.READY),
+        (result.id, TaskResultStatus.RUNNING),
+        (result.id, TaskResultStatus.SUCCESSFUL),
+    ]
+
+
+# -- checks and errors -----------------------------------------------------------------
+
+
+def test_the_backend_says_what_it_supports():
+    backend = task_backends["default"]
+    assert (
+        backend.supports_defer,
+        backend.supports_async_task,
+        backend.supports_get_result,
+        backend.supports_priority,
+    ) == (True, True, True, True)
+    assert backend.check() == []
+
+
+def ids(alias: str = "default") -> list[tuple[str, str]]:
+    return [(m.id, m.msg) for m in backend_checks.check_backend(alias)]
+
+
+def test_e085_options_are_checked():
+    options = {"MAX_ATTEMPTS": 0, "SPEED": 3, "BACKOFF_SECONDS": 10, "BACKOFF_MAX_SECONDS": 5}
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
+        assert ids() == [
+            ("django_outbox.E085", "TASKS['default']['OPTIONS'] has unknown options: SPEED."),
+            (
+                "django_outbox.E085",
+                "TASKS['default']['OPTIONS']['MAX_ATTEMPTS'] must be a positive integer, not 0.",
+            ),
+            (
+                "django_outbox.E085",
+                "TASKS['default']['OPTIONS']['BACKOFF_MAX_SECONDS'] (5) is below "
+                "BACKOFF_SECONDS (10).",
+            ),
+        ]
+
+
+def test_e086_aliases_share_the_options():
+    tasks = {
+        "default": {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}},
+        "other": {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 4}},
+    }
+    with override_settings(TASKS=tasks):
+        assert ids("default") == []
+        assert ids("other") == [
+            (
+                "django_outbox.E086",
+                "TASKS['other']['OPTIONS']['MAX_ATTEMPTS'] is 4, but TASKS['default'] sets "
+                "it to 2.",
+            )
+        ]
+
+
+def test_e084_the_app_must_be_installed():
+    with mock.patch.object(backend_checks.apps, "is_installed", return_value=False):
+        assert [m[0] for m in ids()] == ["django_outbox.E084"]
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        (
+            'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: no',
+            "builtins.ValueError",
+        ),
+        (
+            'Traceback (most recent call last):\n  File "x"\n    y()\nshop.Declined: card\nmore',
+            "shop.Declined",
+        ),
+        (
+            "Traceback (most recent call last):\n  File \"a\"\nKeyError: 'k'\n\nDuring handling "
+            "of the above exception, another exception occurred:\n\nTraceback (most recent "
+            'call last):\n  File "b"\nshop.Failed',
+            "shop.Failed",
+        ),
+        ("The lease of attempt 1 expired: its worker died", "django_outbox.exceptions.LeaseLost"),
+    ],
+)
+def test_exception_path_reads_the_last_exception_of_a_traceback(text, path):
+    assert exception_path(text) == path
