@@ -353,7 +353,13 @@ def viewer_client(client):
     user = User.objects.create_user("viewer", password="x", is_staff=True)
     user.user_permissions.set(
         Permission.objects.filter(
-            content_type__app_label__in=["django_outbox", "marketing", "blogs", "uniqueapp"],
+            content_type__app_label__in=[
+                "django_outbox",
+                "django_outbox_tasks",
+                "marketing",
+                "blogs",
+                "uniqueapp",
+            ],
             codename__startswith="view_",
         )
     )

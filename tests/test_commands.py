@@ -294,6 +294,8 @@ KINDS = [
     "uniqueapp.readyjob",
     "uniqueapp.beatingjob",
     "uniqueapp.priorityjob",
+    # The django.tasks backend's task kind (Django 6.0+).
+    *(["django_outbox_tasks.taskrecord"] if settings.TASKS_AVAILABLE else []),
 ]
 KIND_SCHEDULES = {
     f"django_outbox:dispatch:{kind}": (
