@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import dj_database_url
+import django
 
 SECRET_KEY = "django-outbox-benchmark"
 USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django.contrib.contenttypes", "django_q", "django_outbox", "benchmarks"]
+# The django.tasks benchmark (benchmarks.djtasks, Django 6.0+): our backend as "default",
+# django-tasks-db's as "db" when it is installed.
+if django.VERSION >= (6, 0):
+    INSTALLED_APPS.append("django_outbox.tasks_backend")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_outbox.tasks_backend.OutboxTaskBackend",
+            "OPTIONS": {"CONCURRENCY": int(os.environ.get("BENCH_TASK_CONCURRENCY", "500"))},
+        }
+    }
+    if importlib.util.find_spec("django_tasks_db"):
+        INSTALLED_APPS.append("django_tasks_db")
+        TASKS["db"] = {"BACKEND": "django_tasks_db.DatabaseBackend"}
 # Persistent connections, as in production: django-q2 closes stale ones around each task.
 DATABASES = {
     "default": dj_database_url.parse(

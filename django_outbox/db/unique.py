@@ -167,8 +167,17 @@ class JobTable:
         params: list[Any] = [PENDING]
         if key:
             same = " AND ".join(f"o.{column} = j.{column}" for column in key)
+            # A job whose key holds a NULL (nullable_keys) has no key: it is not looked
+            # up at all, which also keeps the lookup a per-row probe of the index.
+            nullable = [
+                column
+                for name, column in zip(options.exclusive_fields, key, strict=True)
+                if options.nullable_keys and self.model._meta.get_field(name).null
+            ]
+            keyless = "".join(f"j.{column} IS NULL OR " for column in nullable)
             clauses.append(
-                f"NOT EXISTS (SELECT 1 FROM {self.table} AS o WHERE o.state = %s AND {same})"
+                f"({keyless}NOT EXISTS (SELECT 1 FROM {self.table} AS o "
+                f"WHERE o.state = %s AND {same}))"
             )
             params.append(RUNNING)
             if not options.one_pending_per_exclusive_key:
@@ -203,6 +212,11 @@ class JobTable:
         assignments, set_params = self._start_set()
         # A materialized CTE runs the LIMIT query once: as an IN (subquery), PostgreSQL
         # may run it again for every row of a nested loop and start more than *limit*.
+        # The ids are picked by primary key (Dialect.id_pick), whatever the planner
+        # believes of the table (a join may walk every pending row per id when it has
+        # no statistics yet). No "state = 'pending'" beside it (a partial
+        # index would tempt the planner): the query locked the rows it found pending
+        # (PostgreSQL), or holds the database's write lock (SQLite).
         # RETURNING gives no order: it returns the sort key too (priority, then the due
         # time with ``ready`` ordering, then id), and the rows are sorted here.
         key = []
@@ -212,9 +226,9 @@ class JobTable:
             key.append("process_after")
         rows = self._rows(
             f"WITH next AS MATERIALIZED ({select}) UPDATE {self.table} {assignments} "
-            "WHERE state = %s AND id IN (SELECT id FROM next) "
+            f"WHERE {self.dialect.id_pick('SELECT id FROM next')} "
             f"RETURNING {', '.join(['id', 'attempt', *key])}",
-            [*select_params, limit, *set_params, PENDING],
+            [*select_params, limit, *set_params],
         )
 
         def order(row: Sequence[Any]) -> tuple[Any, ...]:

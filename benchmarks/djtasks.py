@@ -1,0 +1,178 @@
+"""The django.tasks backend against django-tasks-db, same machine, same run (Django 6.0+).
+
+Run with ``python3 dev.py bench tasks`` (it makes a Django 6 environment, ``.venv-tasks``,
+with django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is installed.
+
+* end to end: N no-op tasks, from the commit of their enqueue to the last one done, with
+  two worker processes each: a qcluster of 2 workers for ours (the commit kicks the
+  dispatch; chunks of the task kind), two ``db_worker`` processes for django-tasks-db.
+  The workers are started and warm before the clock starts;
+* enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
+  ``min(N, SINGLE_MAX)`` times, for each backend (ours: the kick after each commit hands
+  the task to django-q2, as in production);
+* ``enqueue_many``: N tasks in one transaction (ours; django-tasks-db has none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SINGLE_MAX = 2000
+OURS = "django_outbox_tasks_taskrecord"
+THEIRS = "django_tasks_database_dbtaskresult"
+
+
+def _clear() -> None:
+    from django_q.models import OrmQ
+
+    with connection.cursor() as cursor:
+        for table in (OURS, THEIRS):
+            cursor.execute(f"TRUNCATE {table} RESTART IDENTITY")
+    OrmQ.objects.all().delete()
+
+
+def _wait(done: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmark: {what} did not finish within {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+@contextmanager
+def _workers(argv: list[str], count: int, name: str) -> Iterator[None]:
+    log = ROOT / "artifacts" / f"bench-{name}.log"
+    log.parent.mkdir(exist_ok=True)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "django", *argv],
+            cwd=ROOT,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"},
+            stdout=log.open("a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def ours_end_to_end(n: int) -> dict[str, Any]:
+    from benchmarks.djtasks_funcs import outbox_noop
+    from benchmarks.run import cluster
+    from django_outbox.tasks_backend.models import TaskRecord
+    from django_outbox.unique.dispatch import chunk_length
+
+    _clear()
+    with cluster():
+        begin = time.perf_counter()
+        with transaction.atomic():
+            outbox_noop.enqueue_many([((number,), {}) for number in range(n)])
+        _wait(lambda: TaskRecord.objects.filter(state="processed").count() == n, 1800, "ours")
+        seconds = time.perf_counter() - begin
+    return {
+        "tasks": n,
+        "seconds": round(seconds, 3),
+        "tasks_per_s": round(n / seconds),
+        "chunk": chunk_length(TaskRecord.job_options()),
+    }
+
+
+def theirs_end_to_end(n: int) -> dict[str, Any]:
+    from django_tasks_db.models import DBTaskResult
+
+    from benchmarks.djtasks_funcs import db_noop
+
+    _clear()
+    argv = ["db_worker", "--backend", "db", "--interval", "0.05", "--no-startup-delay"]
+    with _workers(argv, 2, "db-worker"):
+        warm = db_noop.enqueue(-1)  # both started: the first task is taken
+        _wait(lambda: DBTaskResult.objects.filter(status="SUCCESSFUL").exists(), 120, "warm-up")
+        begin = time.perf_counter()
+        with transaction.atomic():
+            for number in range(n):
+                db_noop.enqueue(number)
+        _wait(
+            lambda: DBTaskResult.objects.filter(status="SUCCESSFUL").count() == n + 1,
+            1800,
+            "django-tasks-db",
+        )
+        seconds = time.perf_counter() - begin
+    assert warm.id
+    return {"tasks": n, "seconds": round(seconds, 3), "tasks_per_s": round(n / seconds)}
+
+
+def enqueue_rates(n: int) -> dict[str, Any]:
+    from benchmarks.djtasks_funcs import db_noop, outbox_noop
+    from django_outbox import transport
+
+    single = min(n, SINGLE_MAX)
+    rates: dict[str, Any] = {}
+    for name, task in (("ours", outbox_noop), ("django_tasks_db", db_noop)):
+        _clear()
+        with transport.capture():
+            begin = time.perf_counter()
+            for number in range(single):
+                with transaction.atomic():
+                    task.enqueue(number)
+            rates[f"{name}_one_transaction_each"] = round(single / (time.perf_counter() - begin))
+    _clear()
+    with transport.capture():
+        begin = time.perf_counter()
+        with transaction.atomic():
+            created = outbox_noop.enqueue_many([((number,), {}) for number in range(n)])
+        rates["ours_enqueue_many"] = round(n / (time.perf_counter() - begin))
+    assert len(created) == n
+    _clear()
+    return {"single_tasks": single, "many_tasks": n, "tasks_per_s": rates}
+
+
+def measure(n: int) -> dict[str, Any]:
+    if connection.vendor != "postgresql":
+        raise SystemExit("The django.tasks benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
+    ours = ours_end_to_end(n)
+    theirs = theirs_end_to_end(min(n, SINGLE_MAX))
+    return {
+        "django": django.get_version(),
+        "end_to_end": {"ours": ours, "django_tasks_db": theirs},
+        "end_to_end_ratio": round(ours["tasks_per_s"] / theirs["tasks_per_s"], 1),
+        "enqueue": enqueue_rates(n),
+    }
+
+
+if __name__ == "__main__":
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    report = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 20_000)
+    out = ROOT / "artifacts" / "bench-tasks.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
