@@ -8,6 +8,7 @@ in the repository root and installs the package with its ``test`` extra into it:
     python3 dev.py test [args...]   # ruff + pytest on SQLite and on PostgreSQL, then a summary
     python3 dev.py tox  [args...]   # the tox matrix (tox.ini), with a PostgreSQL server provided
     python3 dev.py bench [args...]  # the benchmark (benchmarks/run.py) against PostgreSQL
+    python3 dev.py bench tasks [N]  # the django.tasks benchmark, in a Django 6 .venv-tasks
 
 PostgreSQL for ``test`` and ``tox`` is found in this order: ``DATABASE_URL`` from the
 environment; a server on 127.0.0.1:5432 accepting user ``postgres`` without a password
@@ -411,6 +412,45 @@ def cmd_tox(tox_args: list[str]) -> int:
         return run([BIN / "tox", *tox_args], env=env)
 
 
+TASKS_VENV = ROOT / ".venv-tasks"
+#: What the django.tasks benchmark installs beside the package: Django 6 and the
+#: backend it is compared with.
+TASKS_REQUIREMENTS = ("Django>=6.0,<6.2", "django-tasks-db>=0.13")
+
+
+def tasks_python() -> Path:
+    """The Python of ``.venv-tasks``, a Django 6 environment for ``bench tasks``.
+
+    Django 6 needs Python 3.12+: the environment is made with ``python3.13`` or
+    ``python3.12`` from PATH (pyenv's included), and refreshed when pyproject.toml changes.
+    """
+    python = TASKS_VENV / "bin" / "python"
+    stamp = TASKS_VENV / ".dev-py-stamp"
+    env = {**os.environ, "PYENV_VERSION": pyenv_versions(os.environ.get("PYENV_VERSION", ""))}
+    if not python.exists():
+        newer = "import sys; sys.exit(sys.version_info < (3, 12))"
+        for name in ("python3.13", "python3.12"):
+            found = shutil.which(name, path=env.get("PATH"))
+            if found and subprocess.run([found, "-c", newer], env=env).returncode == 0:
+                break
+        else:
+            raise DevError(
+                "bench tasks needs Python 3.12 or later for Django 6 (django.tasks): "
+                "neither python3.13 nor python3.12 was found on PATH"
+            )
+        log(f"creating {TASKS_VENV.relative_to(ROOT)} with {found}")
+        if run([found, "-m", "venv", "--clear", TASKS_VENV], env=env) != 0:
+            raise DevError(f"creating {TASKS_VENV} failed (see above)")
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if not (stamp.exists() and stamp.read_text().strip() == digest):
+        log(f"installing -e .[test] {' '.join(TASKS_REQUIREMENTS)} into {TASKS_VENV.name}")
+        pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
+        if run([*pip, "-e", ".[test]", *TASKS_REQUIREMENTS]) != 0:
+            raise DevError(f"installing into {TASKS_VENV.name} failed (see above)")
+        stamp.write_text(digest + "\n")
+    return python
+
+
 def cmd_bench(bench_args: list[str]) -> int:
     """Run the benchmark against PostgreSQL, in a database of its own (``outbox_bench``)."""
     bootstrap()
@@ -427,6 +467,8 @@ def cmd_bench(bench_args: list[str]) -> int:
         log(f"benchmark on {redact(url)}")
         if bench_args[:1] == ["soak"]:  # python3 dev.py bench soak [--minutes M] ...
             return run([PYTHON, "-m", "benchmarks.soak", *bench_args[1:]], env=env)
+        if bench_args[:1] == ["tasks"]:  # python3 dev.py bench tasks [N]: Django 6
+            return run([tasks_python(), "-m", "benchmarks.djtasks", *bench_args[1:]], env=env)
         return run([PYTHON, "-m", "benchmarks.run", *bench_args], env=env)
 
 

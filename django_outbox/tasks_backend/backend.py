@@ -181,13 +181,16 @@ class OutboxTaskBackend(BaseTaskBackend):
 
     def result_of(self, record: TaskRecord, task: Task | None = None) -> TaskResult:
         """The ``TaskResult`` of a row (*task*: the task it was enqueued from, if known)."""
-        task = replace(
-            task or load_task(record.task_path),
-            priority=record.priority,
-            queue_name=record.queue_name,
-            backend=record.backend,
-            run_after=record.process_after if record.process_after != record.created_at else None,
-        )
+        task = task or load_task(record.task_path)
+        run_after = record.process_after if record.process_after != record.created_at else None
+        kept = {
+            "priority": record.priority,
+            "queue_name": record.queue_name,
+            "backend": record.backend,
+            "run_after": run_after,
+        }
+        if any(getattr(task, name) != value for name, value in kept.items()):
+            task = replace(task, **kept)  # validated again: only when something differs
         status = STATUS[record.state]
         if status is TaskResultStatus.RUNNING and record.started_at is None:
             status = TaskResultStatus.READY  # dispatched in a chunk, not started yet

@@ -18,7 +18,6 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -50,36 +49,38 @@ def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
     except LookupError as exc:
         raise PermanentFailure(str(exc)) from exc
     backend = _backend(record.backend)
+    sender = type(backend)
     now = timezone.now()
+    # One TaskResult, changed in place as the attempt goes on (as Django's own
+    # ImmediateBackend does): building and replacing frozen results costs more than the
+    # engine's bookkeeping of the attempt.
     result = backend.result_of(record, task)
-    running = replace(
-        result,
-        status=TaskResultStatus.RUNNING,
-        started_at=now,
-        last_attempted_at=now,
-        finished_at=None,
-        errors=[],
-        worker_ids=[*result.worker_ids, worker_identity()],
-    )
-    task_started.send(type(backend), task_result=running)
-    args = [TaskContext(task_result=running), *record.args] if task.takes_context else record.args
+    for name, value in (
+        ("status", TaskResultStatus.RUNNING),
+        ("started_at", now),
+        ("last_attempted_at", now),
+        ("finished_at", None),
+        ("errors", []),
+        ("worker_ids", [*result.worker_ids, worker_identity()]),
+    ):
+        object.__setattr__(result, name, value)
+    task_started.send(sender, task_result=result)
+    args = [TaskContext(task_result=result), *record.args] if task.takes_context else record.args
     try:
         with KEEPER.keep(heartbeat, record.job_options().lease_seconds):
             value = _call(task.call, args, record)
     except Exception as exc:
         options = record.job_options()
         if isinstance(exc, PermanentFailure) or record.attempt >= options.max_attempts:
-            failed = replace(
-                running,
-                status=TaskResultStatus.FAILED,
-                finished_at=timezone.now(),
-                errors=[errors_of(describe(exc))],
-            )
-            task_finished.send(type(backend), task_result=failed)
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            result.errors.append(errors_of(describe(exc)))
+            task_finished.send(sender, task_result=result)
         raise
-    done = replace(running, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
-    object.__setattr__(done, "_return_value", value)
-    task_finished.send(type(backend), task_result=done)
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(sender, task_result=result)
     return value
 
 
