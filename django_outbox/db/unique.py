@@ -66,11 +66,16 @@ class JobTable:
         self,
         rows: Sequence[Sequence[tuple[Field, Any]]],
         process_after: datetime | float | None,
-    ) -> list[Model]:
+        returning: Sequence[str] | None = None,
+        common: Sequence[tuple[Field, Any]] = (),
+    ) -> list[Any]:
         """Insert pending jobs, all with the same payload fields, in one statement; skip
         each whose unique key has a pending job (an earlier row of *rows* included).
 
-        Returns the jobs inserted, in the order of *rows*.
+        *common* are (field, database value) pairs every row shares, sent once instead of
+        once per row. Returns the jobs inserted, in the order of *rows*: model
+        instances, or with *returning* (field names, ``id`` first) tuples of those
+        values, converted as the ORM would, without building instances.
         """
         if not rows:
             return []
@@ -86,8 +91,11 @@ class JobTable:
         if self.options.unique_fields:
             target = ", ".join(self.columns(self.options.unique_fields))
             conflict = f" ON CONFLICT ({target}) WHERE state = '{PENDING}' DO NOTHING"
-        fields = self.model._meta.concrete_fields
-        returning = ", ".join(self.qn(field.column) for field in fields)
+        meta = self.model._meta
+        fields = (
+            meta.concrete_fields if returning is None else [meta.get_field(n) for n in returning]
+        )
+        returned = ", ".join(self.qn(field.column) for field in fields)
         columns = [
             *names,
             "state",
@@ -97,20 +105,47 @@ class JobTable:
             "last_error",
             "worker",
         ]
-        row_sql = ", ".join(["%s"] * len(names) + ["%s", "0", after_sql, self.now, "''", "''"])
+        bookkeeping = [f"'{PENDING}'", "0", after_sql, self.now, "''", "''"]
         params: list[Any] = []
-        for values in rows:
-            params += [value for _, value in values]
-            params += [PENDING, *after_params]
-        sql = (
-            f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES "
-            f"{', '.join(f'({row_sql})' for _ in rows)}{conflict} RETURNING {returning}"
-        )
+        if common:
+            # INSERT … SELECT from a VALUES list: the shared values appear once, cast to
+            # their columns' types (a parameter alone in a select list has none).
+            def cast(field: Field, sql: str) -> str:
+                return f"CAST({sql} AS {field.db_type(self.connection)})"
+
+            fields_of_row = [field for field, _ in rows[0]]
+            select = [
+                *(cast(field, "%s") for field, _ in common),
+                *(cast(f, f"v.column{i}") for i, f in enumerate(fields_of_row, start=1)),
+                *bookkeeping,
+            ]
+            columns = [self.qn(field.column) for field, _ in common] + columns
+            params += [value for _, value in common] + after_params
+            row_sql = ", ".join(["%s"] * len(names))
+            for values in rows:
+                params += [value for _, value in values]
+            sql = (
+                f"INSERT INTO {self.table} ({', '.join(columns)}) SELECT {', '.join(select)} "
+                f"FROM (VALUES {', '.join(f'({row_sql})' for _ in rows)}) AS v WHERE true"
+                f"{conflict} RETURNING {returned}"
+            )
+        else:
+            row_sql = ", ".join(["%s"] * len(names) + bookkeeping)
+            for values in rows:
+                params += [value for _, value in values]
+                params += after_params
+            sql = (
+                f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES "
+                f"{', '.join(f'({row_sql})' for _ in rows)}{conflict} RETURNING {returned}"
+            )
+        if returning is not None:
+            values = [self._values(fields, row) for row in self._rows(sql, params)]
+            return sorted(values, key=lambda row: row[0])
         created = [self._instance(fields, row) for row in self._rows(sql, params)]
         return sorted(created, key=lambda job: job.pk)
 
-    def _instance(self, fields: Sequence[Field], row: Sequence[Any]) -> Model:
-        """Build a model instance from raw column values, converted as the ORM would."""
+    def _values(self, fields: Sequence[Field], row: Sequence[Any]) -> tuple[Any, ...]:
+        """Raw column values converted as the ORM would."""
         values = []
         for field, value in zip(fields, row, strict=True):
             column = field.get_col(self.model._meta.db_table)
@@ -120,7 +155,12 @@ class JobTable:
             for convert in converters:
                 value = convert(value, column, self.connection)
             values.append(value)
-        return self.model.from_db(self.alias, [field.attname for field in fields], values)
+        return tuple(values)
+
+    def _instance(self, fields: Sequence[Field], row: Sequence[Any]) -> Model:
+        """Build a model instance from raw column values, converted as the ORM would."""
+        values = self._values(fields, row)
+        return self.model.from_db(self.alias, [field.attname for field in fields], list(values))
 
     # -- dispatch --------------------------------------------------------------------
 
@@ -128,12 +168,21 @@ class JobTable:
         """Serialize dispatchers of this kind until the transaction ends.
 
         PostgreSQL takes a transaction-scoped advisory lock; SQLite's write lock already
-        serializes them.
+        serializes them. On PostgreSQL a dispatch that is its own transaction then
+        commits without waiting for the log flush (``synchronous_commit = off`` for it
+        alone): a server crash can only undo a whole dispatch (its jobs pending again,
+        its queue rows gone with them, and a chunk already handed to Redis finds its
+        jobs not started and runs nothing), and any later synchronous commit makes it
+        durable.
         """
         if not self.dialect.serializes_writers:
+            # Only when the dispatch is its own transaction: inside a caller's, the
+            # setting would cover the caller's own writes too.
+            alone = len(self.connection.atomic_blocks) == 1
             with self.connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+                    f"{self.dialect.no_flush_wait if alone else ''}",
                     [ADVISORY_NAMESPACE, self.model._meta.db_table],
                 )
 

@@ -128,27 +128,54 @@ class OutboxTaskBackend(BaseTaskBackend):
     ) -> list[TaskResult]:
         """Enqueue *task* once per ``(args, kwargs)`` pair, in statements of 1,000 rows.
 
-        Returns the results of the tasks created, in order: a call whose
-        ``unique_key`` has a pending task (the task's keys apply to every call)
-        creates none. Every call is checked before anything is written.
+        Returns the results of the tasks created, in order: with a ``unique_key`` (the
+        task's keys apply to every call) at most one is created, none while a task of
+        that key is pending. Every call is checked before anything is written.
         """
+        from django_outbox.db.unique import JobTable
         from django_outbox.tasks_backend.models import TaskRecord
+        from django_outbox.unique.enqueue import insert_many, storable
 
         self.validate_task(task)
-        items = [self._fields(task, args, kwargs) for args, kwargs in calls]
-        records = TaskRecord.enqueue_many(items, process_after=task.run_after)
-        results = [self.result_of(record, task) for record in records]
-        for result in results:
+        table = JobTable(TaskRecord)
+        fields = self._fields(task, (), {})
+        common = storable(
+            table,
+            [(name, value) for name, value in fields.items() if name not in ("args", "kwargs")],
+        )
+        arguments = [self._arguments(task, args, kwargs) for args, kwargs in calls]
+        rows = [storable(table, (("args", args), ("kwargs", kwargs))) for args, kwargs in arguments]
+        created = insert_many(
+            TaskRecord,
+            rows,
+            process_after=task.run_after,
+            returning=("id", "created_at"),
+            common=common,
+        )
+        if len(created) < len(arguments):  # a unique key: the first call, or none
+            arguments = arguments[: len(created)]
+        results = []
+        for (pk, created_at), (args, kwargs) in zip(created, arguments, strict=True):
+            result = TaskResult(
+                task=task,
+                id=str(pk),
+                status=TaskResultStatus.READY,
+                enqueued_at=created_at,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=args,
+                kwargs=kwargs,
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
             task_enqueued.send(type(self), task_result=result)
+            results.append(result)
         return results
 
     def _fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
-        try:
-            args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
-        except TypeError as exc:
-            raise TypeError(
-                f"The arguments of task {task.module_path} must be JSON-serializable: {exc}"
-            ) from exc
+        args, kwargs = self._arguments(task, args, kwargs)
         return {
             "task_path": task.module_path,
             "backend": self.alias,
@@ -159,7 +186,20 @@ class OutboxTaskBackend(BaseTaskBackend):
             "kwargs": kwargs,
             "unique_key": getattr(task, "unique_key", None),
             "idempotency_key": getattr(task, "idempotency_key", None) or "",
+            "worker_ids": "",
         }
+
+    @staticmethod
+    def _arguments(
+        task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The call's arguments as JSON (normalized as Django does)."""
+        try:
+            return normalize_json(list(args)), normalize_json(dict(kwargs))
+        except TypeError as exc:
+            raise TypeError(
+                f"The arguments of task {task.module_path} must be JSON-serializable: {exc}"
+            ) from exc
 
     # -- results ---------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -85,19 +85,61 @@ def enqueue_many(
     ``MANY_ROWS`` rows, skipping each whose unique key has a pending job (an earlier item
     included); return the jobs created. Every item is checked before anything is
     written. Dispatch is kicked once, after the caller's transaction commits."""
+    table = JobTable(model)
+    rows = [_payload_values(_draft(model, fields, "enqueue_many"), table) for fields in items]
+    return insert_many(model, rows, process_after=process_after)
+
+
+def insert_many(
+    model: type[UniqueJob],
+    rows: Iterable[list[tuple[models.Field, Any]]],
+    *,
+    process_after: datetime | timedelta | None = None,
+    returning: Sequence[str] | None = None,
+    common: Sequence[tuple[models.Field, Any]] = (),
+) -> list[Any]:
+    """Insert prepared rows, lists of (field, database value) pairs (see
+    :func:`storable`), in statements of up to ``MANY_ROWS`` rows, skipping each whose
+    unique key has a pending job; kick the dispatch once after the commit. *common*
+    pairs are the same for every row (sent once per statement).
+
+    Returns the jobs created, in order: instances, or with *returning* (field names,
+    ``id`` first) tuples of their values.
+    """
     after = _process_after(model, process_after)
     table = JobTable(model)
     groups: dict[tuple[str, ...], list[list[tuple[Any, Any]]]] = {}
-    for fields in items:
-        values = _payload_values(_draft(model, fields, "enqueue_many"), table)
+    for values in rows:
         groups.setdefault(tuple(field.name for field, _ in values), []).append(values)
-    created: list[UniqueJob] = []
-    for rows in groups.values():
-        for start in range(0, len(rows), MANY_ROWS):
-            created += table.insert_pending_many(rows[start : start + MANY_ROWS], after)
+    created: list[Any] = []
+    for group in groups.values():
+        for start in range(0, len(group), MANY_ROWS):
+            created += table.insert_pending_many(
+                group[start : start + MANY_ROWS], after, returning, common
+            )
     if created:
         kick_after_commit(model, table.alias)
+    if returning is not None:
+        return sorted(created, key=lambda row: row[0])
     return sorted(created, key=lambda job: job.pk)
+
+
+def storable(table: JobTable, values: Iterable[tuple[str, Any]]) -> list[tuple[models.Field, Any]]:
+    """(field name, Python value) pairs of the table's kind as :func:`insert_many` takes
+    them, each checked as ``enqueue`` checks it (:class:`JobError` for a value a
+    database would refuse or change)."""
+    model = table.model
+    prepared = []
+    for name, value in values:
+        field = model._meta.get_field(name)
+        try:
+            _check_storable(field, value, table)
+            prepared.append((field, field.get_db_prep_save(value, table.connection)))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise JobError(
+                f"{model._meta.label}.enqueue(): the value of {name} cannot be stored: {exc}."
+            ) from exc
+    return prepared
 
 
 def _draft(model: type[UniqueJob], fields: dict[str, Any], call: str) -> UniqueJob:
