@@ -77,13 +77,14 @@ def dispatch(model: type[UniqueJob], *, keep: bool = False) -> DispatchResult:
     """
     table = JobTable(model)
 
-    def dispatch_transaction() -> DispatchResult:
+    def dispatch_transaction(one_by_one: bool) -> DispatchResult:
         with transaction.atomic(using=table.alias):
             table.lock_dispatch()
             rescued, exhausted = rescue_expired(model, RESCUE_LIMIT)
             concurrency = table.options.concurrency
             running = table.count_running(concurrency)
-            started = _start(table, concurrency - running) if running < concurrency else []
+            slots = concurrency - running
+            started = _start(table, slots, one_by_one) if slots > 0 else []
             chunks = chunked(started, chunk_length(table.options))
             kept = tuple(chunks.pop(0)) if keep and chunks else ()
             transport.enqueue(
@@ -99,9 +100,17 @@ def dispatch(model: type[UniqueJob], *, keep: bool = False) -> DispatchResult:
                 kept,
             )
 
-    result = retry_transient(
-        dispatch_transaction, table.alias, what=f"dispatch of {model._meta.label}"
-    )
+    what = f"dispatch of {model._meta.label}"
+    try:
+        result = retry_transient(lambda: dispatch_transaction(False), table.alias, what=what)
+    except IntegrityError:
+        # The running-jobs index rejected a job of the one-statement start (it is the
+        # final guard of a key): the whole transaction rolled back; start one by one.
+        logger.warning(
+            "Dispatch of %s hit its running-jobs index; starting jobs one by one.",
+            model._meta.label,
+        )
+        result = retry_transient(lambda: dispatch_transaction(True), table.alias, what=what)
     if result.dispatched or result.rescued:
         logger.info(
             "Dispatched %s job(s) of %s (%s rescued, %s exhausted).",
@@ -118,21 +127,16 @@ def dispatch_all() -> list[DispatchResult]:
     return [dispatch(model) for model in all_kinds()]
 
 
-def _start(table: JobTable, slots: int) -> list[tuple[int, int]]:
-    """Start up to *slots* jobs in one statement; one by one if the index objects.
+def _start(table: JobTable, slots: int, one_by_one: bool) -> list[tuple[int, int]]:
+    """Start up to *slots* jobs in one statement, or *one_by_one*.
 
     The unique-while-executing index is the final guard: should a job of a running key
-    slip through the query, the statement fails, and the fallback starts the jobs one at
-    a time, each in a savepoint, skipping the one the index rejects.
+    slip through the query, the statement fails (and its transaction with it, no
+    savepoint costs two round trips on every dispatch), and the dispatch is done again
+    one job at a time, each in a savepoint, skipping the one the index rejects.
     """
-    try:
-        with transaction.atomic(using=table.alias):
-            return table.start_next(slots)
-    except IntegrityError:
-        logger.warning(
-            "Dispatch of %s hit its running-jobs index; starting jobs one by one.",
-            table.model._meta.label,
-        )
+    if not one_by_one:
+        return table.start_next(slots)
     started = []
     for pk in table.next_ready_ids(slots):
         try:
