@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -112,45 +113,58 @@ def _backend(alias: str) -> OutboxTaskBackend:
 
 
 class _LeaseKeeper:
-    """One thread per worker process that heartbeats the task running now, if it runs
-    longer than a third of ``lease_seconds`` (started on first use, after the fork)."""
+    """One thread per worker process that heartbeats the task running now, once it has
+    run a third of ``lease_seconds`` since its start or its last heartbeat.
+
+    The task's thread only sets and clears :attr:`current` (no lock, no wake-up: a
+    task costs nothing here); the keeper looks every ``POLL_SECONDS`` at most, and
+    every sixth of the lease for short leases. It starts on first use, after the fork.
+    """
+
+    POLL_SECONDS = 0.25
 
     def __init__(self) -> None:
-        self.changed = threading.Condition()
-        self.current: tuple[Callable[[], None], float] | None = None
+        self.current: tuple[Callable[[], None], float, float] | None = None
         self.pid = 0
+        self.starting = threading.Lock()
 
     @contextmanager
     def keep(self, heartbeat: Callable[[], None], lease_seconds: float) -> Iterator[None]:
-        with self.changed:
-            if self.pid != os.getpid():
-                self.pid = os.getpid()
-                threading.Thread(target=self._run, name="outbox-task-lease", daemon=True).start()
-            self.current = (heartbeat, lease_seconds / 3)
-            self.changed.notify()
+        if self.pid != os.getpid():
+            with self.starting:
+                if self.pid != os.getpid():
+                    threading.Thread(
+                        target=self._run, name="outbox-task-lease", daemon=True
+                    ).start()
+                    self.pid = os.getpid()
+        self.current = (heartbeat, time.monotonic(), lease_seconds / 3)
         try:
             yield
         finally:
-            with self.changed:
-                self.current = None
-                self.changed.notify()
+            self.current = None
 
     def _run(self) -> None:
+        beaten: tuple[object, float] | None = None  # (the task, its last heartbeat)
+        poll = self.POLL_SECONDS
         while True:
-            with self.changed:
-                while self.current is None:
-                    self.changed.wait()
-                current = self.current
-                if self.changed.wait_for(lambda c=current: self.current is not c, current[1]):
-                    continue  # the task ended (or another began) before its lease needed it
+            time.sleep(poll)
+            current = self.current
+            if current is None:
+                continue
+            heartbeat, started, every = current
+            poll = min(self.POLL_SECONDS, every / 2)
+            last = beaten[1] if beaten is not None and beaten[0] is current else started
+            if time.monotonic() - last < every:
+                continue
             try:
-                current[0]()
+                heartbeat()
             except LeaseLost:
                 pass  # the engine finds out when it records the outcome, fenced by the attempt
             except Exception:
                 logger.warning("Heartbeat of a running task failed.", exc_info=True)
             finally:
                 connections.close_all()  # this thread's own: not held between heartbeats
+            beaten = (current, time.monotonic())
 
 
 KEEPER = _LeaseKeeper()
