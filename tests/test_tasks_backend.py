@@ -399,3 +399,33 @@ def test_e084_the_app_must_be_installed():
 )
 def test_exception_path_reads_the_last_exception_of_a_traceback(text, path):
     assert exception_path(text) == path
+
+
+# -- operations ------------------------------------------------------------------------
+
+
+def test_tasks_are_counted_in_the_metrics_and_listed_in_the_admin(admin_client):
+    from django.urls import reverse
+
+    from django_outbox.metrics import render
+
+    with transport.capture() as queue:
+        with transaction.atomic():
+            add.enqueue(1, 1)
+            add.enqueue(2, 2)
+        run_all(queue)
+        failed = fail.using(queue_name="emails").enqueue("for the admin")
+    metrics = render()[0].decode()
+    assert (
+        'django_outbox_unique_jobs{kind="django_outbox_tasks.TaskRecord",state="processed"} 2.0'
+        in metrics
+    )
+    changelist = admin_client.get(reverse("admin:django_outbox_tasks_taskrecord_changelist"))
+    assert changelist.status_code == 200
+    assert "tests.taskfuncs.fail" in changelist.content.decode()
+    detail = admin_client.get(
+        reverse("admin:django_outbox_tasks_taskrecord_change", args=[failed.id])
+    )
+    assert detail.status_code == 200
+    dashboard = admin_client.get(reverse("admin:django_outbox_dashboard"))
+    assert "django_outbox_tasks.TaskRecord" in dashboard.content.decode()
