@@ -429,3 +429,38 @@ def test_tasks_are_counted_in_the_metrics_and_listed_in_the_admin(admin_client):
     assert detail.status_code == 200
     dashboard = admin_client.get(reverse("admin:django_outbox_dashboard"))
     assert "django_outbox_tasks.TaskRecord" in dashboard.content.decode()
+
+
+# -- the example project -----------------------------------------------------------------
+
+
+def test_the_example_view_enqueues_its_task_in_its_transaction(client):
+    from blogs.models import Blog, Post
+
+    blog = Blog.objects.create(name="Blog")
+    with transport.capture() as queue:
+        response = client.post(f"/blogs/{blog.pk}/posts/", {"title": "Hello"})
+        assert response.status_code == 201
+        post, task_id = response.json()["post"], response.json()["task"]
+        assert client.get(f"/tasks/{task_id}/").json()["status"] == "READY"
+        run_all(queue)
+    assert client.get(f"/tasks/{task_id}/").json() == {
+        "status": "SUCCESSFUL",
+        "attempts": 1,
+        "return_value": {"post": post, "notified": True},
+    }
+    assert Post.objects.get(pk=post).followers_notified_at is not None
+    assert client.get("/tasks/999999/").status_code == 404
+
+
+def test_a_post_that_rolls_back_takes_its_task_with_it():
+    from blogs.models import Blog, Post
+    from blogs.services import publish_and_notify
+
+    blog = Blog.objects.create(name="Blog")
+    with transport.capture() as queue:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            publish_and_notify(blog, "never")
+            raise RuntimeError("the request failed after publishing")
+        assert list(queue) == []
+    assert not Post.objects.exists() and not TaskRecord.objects.exists()

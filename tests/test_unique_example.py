@@ -28,3 +28,14 @@ def test_a_burst_of_posts_is_rebuilt_once_and_the_feed_lists_them_newest_first()
         JobState.PROCESSED,
         JobState.PROCESSED,
     ]
+
+
+def test_the_publish_view_enqueues_a_task_only_where_django_tasks_exists(client):
+    from blogs.models import Blog
+    from django.conf import settings
+
+    blog = Blog.objects.create(name="Blog")
+    with transport.capture():
+        response = client.post(f"/blogs/{blog.pk}/posts/", {"title": "Hello"})
+    assert response.status_code == 201
+    assert (response.json()["task"] is not None) == settings.TASKS_AVAILABLE

@@ -25,6 +25,9 @@ class Post(models.Model):
     blog = models.ForeignKey(Blog, on_delete=models.CASCADE, related_name="posts")
     title = models.CharField(max_length=200)
     published_at = models.DateTimeField(db_default=Now())
+    followers_notified_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set by the notify_followers task (Django 6.0+)."
+    )
 
     def __str__(self) -> str:
         return self.title

@@ -1,10 +1,19 @@
-"""What the blog application does: publish a post, and have the feed rebuilt once."""
+"""What the blog application does: publish a post, have the feed rebuilt once, and (on
+Django 6.0+) tell the blog's followers through a ``django.tasks`` task."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.apps import apps
 from django.db import transaction
 
 from blogs.models import Blog, Post, RebuildBlogFeed
+
+
+def tasks_available() -> bool:
+    """Whether the django.tasks backend is installed (Django 6.0+)."""
+    return apps.is_installed("django_outbox.tasks_backend")
 
 
 def publish_post(blog: Blog, title: str) -> Post:
@@ -16,3 +25,18 @@ def publish_post(blog: Blog, title: str) -> Post:
         post = Post.objects.create(blog=blog, title=title)
         RebuildBlogFeed.enqueue(blog=blog)
     return post
+
+
+def publish_and_notify(blog: Blog, title: str) -> tuple[Post, Any]:
+    """:func:`publish_post`, and on Django 6.0+ enqueue ``notify_followers`` (a ``@task``)
+    in the same transaction: the post and its task commit together, or neither does.
+
+    Returns the post and the task's ``TaskResult`` (None without django.tasks).
+    """
+    with transaction.atomic():
+        post = publish_post(blog, title)
+        if not tasks_available():
+            return post, None
+        from blogs.tasks import notify_followers
+
+        return post, notify_followers.enqueue(post.pk)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import django
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("SECRET_KEY", "example-project-not-secret")
@@ -31,6 +32,10 @@ INSTALLED_APPS = [
     "payments",
     "blogs",
 ]
+# Django 6.0+: django.tasks, with tasks stored and run by django_outbox (blogs.tasks).
+if django.VERSION >= (6, 0):
+    INSTALLED_APPS.append("django_outbox.tasks_backend")
+    TASKS = {"default": {"BACKEND": "django_outbox.tasks_backend.OutboxTaskBackend"}}
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

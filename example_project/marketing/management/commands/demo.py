@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import django
 from blogs.models import Blog, Post, RebuildBlogFeed
-from blogs.services import publish_post
+from blogs.services import publish_and_notify, tasks_available
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
@@ -127,10 +128,15 @@ class Command(BaseCommand):
         """Posts published in bursts; each asks for its blog's feed rebuild."""
         blogs = Blog.objects.bulk_create(Blog(name=f"Blog {i}") for i in range(BLOGS))
         for n in range(POSTS):
-            publish_post(blogs[n % BLOGS], f"Post {n}")
+            publish_and_notify(blogs[n % BLOGS], f"Post {n}")
+        tasks = (
+            " and a notify_followers task (django.tasks, in the same transaction)"
+            if tasks_available()
+            else ""
+        )
         self.stdout.write(
             f"Published {POSTS} posts on {BLOGS} blogs; each post enqueued its blog's feed "
-            "rebuild (a unique job)."
+            f"rebuild (a unique job){tasks}."
         )
 
     def _reset(self) -> None:
@@ -144,6 +150,8 @@ class Command(BaseCommand):
         Transfer.objects.all().delete()
         Account.objects.all().delete()
         RebuildBlogFeed.objects.all().delete()
+        if tasks_available():
+            task_records().objects.all().delete()
         Post.objects.all().delete()
         Blog.objects.all().delete()
         ApiRequest.objects.all().delete()
@@ -200,6 +208,12 @@ class Command(BaseCommand):
                 or RebuildBlogFeed.objects.exclude(
                     state__in=[JobState.PROCESSED, JobState.FAILED]
                 ).exists()
+                or (
+                    tasks_available()
+                    and task_records()
+                    .objects.exclude(state__in=[JobState.PROCESSED, JobState.FAILED])
+                    .exists()
+                )
             )
             if status.backlog == 0 and in_flight == 0 and not jobs_pending:
                 break
@@ -242,6 +256,7 @@ class Command(BaseCommand):
                 f"{rebuilds} for {POSTS} posts on {BLOGS} blogs; feeds up to date: "
                 f"{BLOGS - stale_feeds} of {BLOGS}",
             ),
+            ("django.tasks (notify_followers)", self._tasks_line()),
             ("welcome emails sent", f"{emails:,} (staged jobs; {emailed_twice} leads twice)"),
             ("events recorded", f"{events:,}"),
             ("archived done", f"{done:,}"),
@@ -265,4 +280,24 @@ class Command(BaseCommand):
             raise CommandError("A transfer was applied twice or lost, or money appeared.")
         if stale_feeds:
             raise CommandError(f"{stale_feeds} blog feed(s) miss their latest post.")
+        if tasks_available() and Post.objects.filter(followers_notified_at=None).exists():
+            raise CommandError("A notify_followers task did not run.")
         self.stdout.write(self.style.SUCCESS("Buffer empty, archive complete."))
+
+    def _tasks_line(self) -> str:
+        if not tasks_available():
+            return f"needs Django 6.0+ (this is {django.get_version()}); not shown"
+        records = task_records().objects.all()
+        done = records.filter(state=JobState.PROCESSED).count()
+        notified = Post.objects.exclude(followers_notified_at=None).count()
+        return (
+            f"{done} of {records.count()} tasks successful; {notified} of {POSTS} posts "
+            "notified (OutboxTaskBackend)"
+        )
+
+
+def task_records() -> Any:
+    """The django.tasks backend's task model (Django 6.0+)."""
+    from django_outbox.tasks_backend.models import TaskRecord
+
+    return TaskRecord
