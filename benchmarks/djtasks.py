@@ -8,8 +8,10 @@ with django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is
   dispatch; chunks of the task kind), two ``db_worker`` processes for django-tasks-db.
   The workers are started and warm before the clock starts;
 * enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
-  ``min(N, SINGLE_MAX)`` times, for each backend (ours: the kick after each commit hands
-  the task to django-q2, as in production);
+  ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours with the
+  dispatch after each commit in the committing thread (the default) and in the
+  dispatcher thread (``DISPATCH_ON_COMMIT = "thread"``), the hand-off to django-q2's
+  queue table included;
 * ``enqueue_many``: N tasks in one transaction (ours; django-tasks-db has none).
 """
 
@@ -129,20 +131,44 @@ def theirs_end_to_end(n: int) -> dict[str, Any]:
     return {"tasks": n, "seconds": round(seconds, 3), "tasks_per_s": round(n / seconds)}
 
 
+def _one_transaction_each(task: Any, count: int) -> int:
+    begin = time.perf_counter()
+    for number in range(count):
+        with transaction.atomic():
+            task.enqueue(number)
+    return round(count / (time.perf_counter() - begin))
+
+
 def enqueue_rates(n: int) -> dict[str, Any]:
+    """Enqueue rates, no worker running (ours: the dispatch after each commit and its
+    hand-off to django-q2's queue table included)."""
+    from django.conf import settings
+    from django.test import override_settings
+
     from benchmarks.djtasks_funcs import db_noop, outbox_noop
     from django_outbox import transport
+    from django_outbox.tasks_backend.models import TaskRecord
+    from django_outbox.unique.background import DISPATCHER
 
     single = min(n, SINGLE_MAX)
     rates: dict[str, Any] = {}
-    for name, task in (("ours", outbox_noop), ("django_tasks_db", db_noop)):
+    # Every task's dispatch starts it, as with an idle worker pool: a kind at its
+    # concurrency would make each dispatch a cheap no-op.
+    tasks = {"default": {**settings.TASKS["default"], "OPTIONS": {"CONCURRENCY": 10 * single}}}
+    outbox = {**settings.DJANGO_OUTBOX, "DISPATCH_ON_COMMIT": "thread"}
+    with override_settings(TASKS=tasks):
         _clear()
-        with transport.capture():
-            begin = time.perf_counter()
-            for number in range(single):
-                with transaction.atomic():
-                    task.enqueue(number)
-            rates[f"{name}_one_transaction_each"] = round(single / (time.perf_counter() - begin))
+        rates["ours_one_transaction_each"] = _one_transaction_each(outbox_noop, single)
+        assert TaskRecord.objects.filter(state="running").count() == single
+        _clear()
+        with override_settings(DJANGO_OUTBOX=outbox):
+            rates["ours_one_transaction_each_dispatch_thread"] = _one_transaction_each(
+                outbox_noop, single
+            )
+            DISPATCHER.idle.wait(60)
+        assert TaskRecord.objects.filter(state="running").count() == single
+    _clear()
+    rates["django_tasks_db_one_transaction_each"] = _one_transaction_each(db_noop, single)
     _clear()
     with transport.capture():
         begin = time.perf_counter()

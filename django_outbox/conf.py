@@ -31,6 +31,7 @@ from django_outbox.options import (
     TOKEN,
     Option,
     OptionTable,
+    choice,
 )
 
 SETTING_NAME = "DJANGO_OUTBOX"
@@ -137,6 +138,17 @@ GLOBAL_OPTIONS = OptionTable(
         hint="Give the minutes between two runs of the prune schedule, for example 1440 (daily).",
     ),
     Option("METRICS_TOKEN", None, TOKEN, "E036"),
+    Option(
+        "DISPATCH_ON_COMMIT",
+        "inline",
+        choice(
+            "inline",
+            "thread",
+            hint="'inline': the committing thread dispatches the jobs it enqueued right "
+            "after its commit; 'thread': a dispatcher thread of the process does.",
+        ),
+        "E007",
+    ),
 )
 
 
@@ -249,6 +261,7 @@ class OutboxSettings:
     idempotency: IdempotencyConfig
     prune_every_minutes: int
     metrics_token: str | None
+    dispatch_on_commit: str
 
     def retention_days(self, stream: str, outcome: str) -> int:
         """Days archived rows of *stream* with *outcome* are kept (a stream's own, or global)."""

@@ -114,8 +114,21 @@ def test_unknown_top_level_key_is_e002():
             (
                 "django_outbox.E002",
                 "DJANGO_OUTBOX has unknown keys: BATCH_SIZE, STREAM.",
-                "Known keys: ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, IDEMPOTENCY, "
-                "METRICS_TOKEN, PRUNE_EVERY_MINUTES, STAGING, STREAMS.",
+                "Known keys: ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
+                "DISPATCH_ON_COMMIT, IDEMPOTENCY, METRICS_TOKEN, PRUNE_EVERY_MINUTES, STAGING, "
+                "STREAMS.",
+            )
+        ]
+
+
+def test_dispatch_on_commit_is_e007():
+    with override_settings(DJANGO_OUTBOX={**one_stream(), "DISPATCH_ON_COMMIT": "later"}):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E007",
+                "DJANGO_OUTBOX['DISPATCH_ON_COMMIT'] must be 'inline' or 'thread', not 'later'.",
+                "'inline': the committing thread dispatches the jobs it enqueued right after "
+                "its commit; 'thread': a dispatcher thread of the process does.",
             )
         ]
 

@@ -112,16 +112,32 @@ class OutboxTaskBackend(BaseTaskBackend):
         With a ``unique_key`` that has a pending task, that task's result is returned
         and nothing is inserted.
         """
+        from django_outbox.db import connection_for
+        from django_outbox.exceptions import JobError
         from django_outbox.tasks_backend.models import TaskRecord
+        from django_outbox.unique.enqueue import MAX_ROUNDS
 
         self.validate_task(task)
-        record, created = TaskRecord.enqueue(
-            **self._fields(task, args, kwargs), process_after=task.run_after
+        for _ in range(MAX_ROUNDS):
+            created = self._insert(task, [(args, kwargs)])
+            if created:
+                return created[0]
+            # The unique key has a pending task (or had: it may have started since).
+            pending = (
+                TaskRecord._default_manager.using(connection_for(TaskRecord).alias)
+                .filter(
+                    state="pending",
+                    task_path=task.module_path,
+                    unique_key=getattr(task, "unique_key", None),
+                )
+                .first()
+            )
+            if pending is not None:
+                return self.result_of(pending, task)
+        raise JobError(
+            f"Enqueuing {task.module_path} kept conflicting with a pending task that started "
+            f"before it could be read ({MAX_ROUNDS} times); try again."
         )
-        result = self.result_of(record, task)
-        if created:
-            task_enqueued.send(type(self), task_result=result)
-        return result
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
@@ -132,11 +148,18 @@ class OutboxTaskBackend(BaseTaskBackend):
         task's keys apply to every call) at most one is created, none while a task of
         that key is pending. Every call is checked before anything is written.
         """
+        self.validate_task(task)
+        return self._insert(task, calls)
+
+    def _insert(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[TaskResult]:
+        """Insert one row per call (the shared columns sent once per statement); send
+        ``task_enqueued`` and return the results of the rows created."""
         from django_outbox.db.unique import JobTable
         from django_outbox.tasks_backend.models import TaskRecord
         from django_outbox.unique.enqueue import insert_many, storable
 
-        self.validate_task(task)
         table = JobTable(TaskRecord)
         fields = self._fields(task, (), {})
         common = storable(

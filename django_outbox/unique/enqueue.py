@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
+from django_outbox.conf import outbox_settings
 from django_outbox.db.unique import JobTable
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
@@ -223,6 +224,11 @@ def kick_after_commit(model: type[UniqueJob], alias: str) -> None:
 
 
 def _dispatch(label: str) -> None:
-    """Dispatch a kind after an enqueue committed; a failure leaves it to the schedule."""
+    """Dispatch a kind after an enqueue committed, here or in the process's dispatcher
+    thread (``DISPATCH_ON_COMMIT``); a failure leaves it to the schedule."""
+    if outbox_settings().dispatch_on_commit == "thread":
+        from django_outbox.unique.background import DISPATCHER
 
-    dispatch(get_kind(label))
+        DISPATCHER.kick(label)
+    else:
+        dispatch(get_kind(label))
