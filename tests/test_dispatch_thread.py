@@ -22,13 +22,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def thread_mode(monkeypatch):
     """The setting on, and every dispatch recorded with the thread that ran it."""
     threads: list[str] = []
-    real = background.dispatch
+    real = background.dispatch_after_commit
 
     def recorded(model, **kwargs):
         threads.append(threading.current_thread().name)
         return real(model, **kwargs)
 
-    monkeypatch.setattr(background, "dispatch", recorded)
+    monkeypatch.setattr(background, "dispatch_after_commit", recorded)
     outbox = {**settings.DJANGO_OUTBOX, "DISPATCH_ON_COMMIT": "thread"}
     with override_settings(DJANGO_OUTBOX=outbox):
         yield threads
@@ -60,7 +60,7 @@ def test_a_burst_of_commits_is_served_up_to_the_kinds_concurrency(thread_mode):
 
 
 def test_a_failed_dispatch_is_logged_and_the_next_kick_dispatches(thread_mode, monkeypatch, caplog):
-    real = background.dispatch
+    real = background.dispatch_after_commit
     calls = []
 
     def fails_once(model, **kwargs):
@@ -69,7 +69,7 @@ def test_a_failed_dispatch_is_logged_and_the_next_kick_dispatches(thread_mode, m
             raise RuntimeError("database went away")
         return real(model, **kwargs)
 
-    monkeypatch.setattr(background, "dispatch", fails_once)
+    monkeypatch.setattr(background, "dispatch_after_commit", fails_once)
     with transaction.atomic():
         KeyedJob.enqueue(key="a")
     wait_until(lambda: calls, timeout=30)

@@ -17,7 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F
 from django.db.models.functions import Now
-from django.test.utils import isolate_apps
+from django.test.utils import CaptureQueriesContext, isolate_apps
 from django.utils.dateparse import parse_datetime
 
 from django_outbox import transport
@@ -716,3 +716,20 @@ def test_the_schedule_task_dispatches_one_kind_by_its_label_or_every_kind():
         "uniqueapp.KeyedJob",
         "uniqueapp.BeatingJob",
     }
+
+
+def test_a_commit_leaves_a_kind_at_its_concurrency_to_the_chunks_that_hold_it():
+    slots = KeyedJob.job_options().concurrency
+    with transport.capture() as queue:
+        with transaction.atomic():
+            for n in range(slots):
+                KeyedJob.enqueue(key=f"k{n}")
+        assert KeyedJob.objects.filter(state=JobState.RUNNING).count() == slots
+        with CaptureQueriesContext(connections["default"]) as queries:
+            with transaction.atomic():
+                late, _ = KeyedJob.enqueue(key="late")
+        # One count after the commit, no dispatch transaction: nothing could start.
+        assert not [q for q in queries.captured_queries if "WITH next AS" in q["sql"]]
+        assert KeyedJob.objects.get(pk=late.pk).state == JobState.PENDING
+        run_all(queue)  # the chunks end, and dispatch: the late job runs
+    assert KeyedJob.objects.get(pk=late.pk).state == JobState.PROCESSED

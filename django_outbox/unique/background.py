@@ -26,7 +26,7 @@ import time
 from django.db import close_old_connections, connections
 
 from django_outbox.models.unique import get_kind
-from django_outbox.unique.dispatch import dispatch
+from django_outbox.unique.dispatch import dispatch_after_commit
 
 logger = logging.getLogger("django_outbox")
 
@@ -86,7 +86,7 @@ class Dispatcher:
         for label in labels:
             close_old_connections()
             try:
-                dispatch(get_kind(label))
+                dispatch_after_commit(get_kind(label))
             except Exception:
                 logger.warning(
                     "Dispatch of %s after a commit failed; its schedule will dispatch.",

@@ -122,6 +122,21 @@ def dispatch(model: type[UniqueJob], *, keep: bool = False) -> DispatchResult:
     return result
 
 
+def dispatch_after_commit(model: type[UniqueJob]) -> DispatchResult | None:
+    """The dispatch a commit that enqueued jobs of *model* asks for; None when skipped.
+
+    Skipped while the kind is at its concurrency (one unlocked count, read after the
+    commit): every chunk holding those jobs dispatches when it ends, which is after this
+    commit, so this dispatch could start nothing and would only queue for the kind's
+    dispatch lock. A chunk whose worker died is rescued by the schedule, as always.
+    """
+    table = JobTable(model)
+    concurrency = table.options.concurrency
+    if table.count_running(concurrency) >= concurrency:
+        return None
+    return dispatch(model)
+
+
 def dispatch_all() -> list[DispatchResult]:
     """Dispatch every kind of the installed apps."""
     return [dispatch(model) for model in all_kinds()]

@@ -25,7 +25,7 @@ from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState, get_kind
 from django_outbox.oncommit import on_commit_once
-from django_outbox.unique.dispatch import dispatch
+from django_outbox.unique.dispatch import dispatch_after_commit
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -231,4 +231,4 @@ def _dispatch(label: str) -> None:
 
         DISPATCHER.kick(label)
     else:
-        dispatch(get_kind(label))
+        dispatch_after_commit(get_kind(label))
