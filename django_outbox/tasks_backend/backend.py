@@ -113,31 +113,18 @@ class OutboxTaskBackend(BaseTaskBackend):
         and nothing is inserted.
         """
         from django_outbox.db import connection_for
-        from django_outbox.exceptions import JobError
         from django_outbox.tasks_backend.models import TaskRecord
-        from django_outbox.unique.enqueue import MAX_ROUNDS
+        from django_outbox.unique.enqueue import created_or_pending
 
         self.validate_task(task)
-        for _ in range(MAX_ROUNDS):
-            created = self._insert(task, [(args, kwargs)])
-            if created:
-                return created[0]
-            # The unique key has a pending task (or had: it may have started since).
-            pending = (
-                TaskRecord._default_manager.using(connection_for(TaskRecord).alias)
-                .filter(
-                    state="pending",
-                    task_path=task.module_path,
-                    unique_key=getattr(task, "unique_key", None),
-                )
-                .first()
-            )
-            if pending is not None:
-                return self.result_of(pending, task)
-        raise JobError(
-            f"Enqueuing {task.module_path} kept conflicting with a pending task that started "
-            f"before it could be read ({MAX_ROUNDS} times); try again."
+        key = {"task_path": task.module_path, "unique_key": getattr(task, "unique_key", None)}
+        found, created = created_or_pending(
+            TaskRecord,
+            lambda: next(iter(self._insert(task, [(args, kwargs)])), None),
+            key,
+            connection_for(TaskRecord).alias,
         )
+        return found if created else self.result_of(found, task)
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
@@ -161,10 +148,18 @@ class OutboxTaskBackend(BaseTaskBackend):
         from django_outbox.unique.enqueue import insert_many, storable
 
         table = JobTable(TaskRecord)
-        fields = self._fields(task, (), {})
         common = storable(
             table,
-            [(name, value) for name, value in fields.items() if name not in ("args", "kwargs")],
+            [
+                ("task_path", task.module_path),
+                ("backend", self.alias),
+                ("queue_name", task.queue_name),
+                ("priority", task.priority),
+                ("takes_context", task.takes_context),
+                ("unique_key", getattr(task, "unique_key", None)),
+                ("idempotency_key", getattr(task, "idempotency_key", None) or ""),
+                ("worker_ids", ""),
+            ],
         )
         arguments = [self._arguments(task, args, kwargs) for args, kwargs in calls]
         rows = [storable(table, (("args", args), ("kwargs", kwargs))) for args, kwargs in arguments]
@@ -196,21 +191,6 @@ class OutboxTaskBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
-
-    def _fields(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
-        args, kwargs = self._arguments(task, args, kwargs)
-        return {
-            "task_path": task.module_path,
-            "backend": self.alias,
-            "queue_name": task.queue_name,
-            "priority": task.priority,
-            "takes_context": task.takes_context,
-            "args": args,
-            "kwargs": kwargs,
-            "unique_key": getattr(task, "unique_key", None),
-            "idempotency_key": getattr(task, "idempotency_key", None) or "",
-            "worker_ids": "",
-        }
 
     @staticmethod
     def _arguments(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import models
 from django.db.models.expressions import DatabaseDefault
@@ -42,6 +42,8 @@ MAX_ROUNDS = 5
 #: bounded: SQLite allows 32,766).
 MANY_ROWS = 1000
 
+T = TypeVar("T")
+
 
 def enqueue(
     model: type[UniqueJob],
@@ -58,16 +60,31 @@ def enqueue(
         model._meta.get_field(name).attname: getattr(draft, model._meta.get_field(name).attname)
         for name in table.options.unique_fields
     }
-    for _ in range(MAX_ROUNDS):
+
+    def insert() -> UniqueJob | None:
         job = table.insert_pending(values, after)
         if job is not None:
             kick_after_commit(model, table.alias)
-            return job, True
-        existing = (
-            model._default_manager.using(table.alias)
-            .filter(state=JobState.PENDING, **unique)
-            .first()
-        )
+        return job
+
+    return created_or_pending(model, insert, unique, table.alias)
+
+
+def created_or_pending(
+    model: type[UniqueJob], insert: Callable[[], T | None], key: dict[str, Any], alias: str
+) -> tuple[T | UniqueJob, bool]:
+    """``(insert(), True)``, or ``(the pending job of *key*, False)`` when *insert* found
+    one (it returns None when the unique index refused the row).
+
+    Never check-then-insert: the insert runs first. A twin that started before it could
+    be read frees the key, so the insert is tried again, ``MAX_ROUNDS`` times at most.
+    """
+    for _ in range(MAX_ROUNDS):
+        created = insert()
+        if created is not None:
+            return created, True
+        manager = model._default_manager.using(alias)
+        existing = manager.filter(state=JobState.PENDING, **key).first()
         if existing is not None:
             return existing, False
     raise JobError(
@@ -130,17 +147,7 @@ def storable(table: JobTable, values: Iterable[tuple[str, Any]]) -> list[tuple[m
     them, each checked as ``enqueue`` checks it (:class:`JobError` for a value a
     database would refuse or change)."""
     model = table.model
-    prepared = []
-    for name, value in values:
-        field = model._meta.get_field(name)
-        try:
-            _check_storable(field, value, table)
-            prepared.append((field, field.get_db_prep_save(value, table.connection)))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise JobError(
-                f"{model._meta.label}.enqueue(): the value of {name} cannot be stored: {exc}."
-            ) from exc
-    return prepared
+    return [_prepared(table, model._meta.get_field(name), value) for name, value in values]
 
 
 def _draft(model: type[UniqueJob], fields: dict[str, Any], call: str) -> UniqueJob:
@@ -182,17 +189,22 @@ def _payload_values(draft: UniqueJob, table: JobTable) -> list[tuple[Any, Any]]:
         if field.name in BOOKKEEPING_FIELDS:
             continue
         value = field.pre_save(draft, add=True)
-        if isinstance(value, DatabaseDefault):
-            continue
-        try:
-            _check_storable(field, value, table)
-            values.append((field, field.get_db_prep_save(value, table.connection)))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise JobError(
-                f"{type(draft)._meta.label}.enqueue(): the value of {field.name} cannot be "
-                f"stored: {exc}."
-            ) from exc
+        if not isinstance(value, DatabaseDefault):
+            values.append(_prepared(table, field, value))
     return values
+
+
+def _prepared(table: JobTable, field: models.Field, value: Any) -> tuple[models.Field, Any]:
+    """(field, the database value), or :class:`JobError` for a value that one of the
+    supported databases would refuse or change."""
+    try:
+        _check_storable(field, value, table)
+        return field, field.get_db_prep_save(value, table.connection)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise JobError(
+            f"{table.model._meta.label}.enqueue(): the value of {field.name} cannot be "
+            f"stored: {exc}."
+        ) from exc
 
 
 def _check_storable(field: models.Field, value: Any, table: JobTable) -> None:
