@@ -14,7 +14,7 @@ from datetime import UTC, timedelta
 
 import pytest
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connection, connections, models, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext, isolate_apps
@@ -418,6 +418,36 @@ def test_a_priority_field_starts_the_highest_priority_ready_job_first():
     # priority.
     assert ran == [first_high.pk, second_high.pk, middle.pk, low.pk]
     assert PriorityJob.objects.get(pk=later.pk).state == JobState.PENDING
+
+
+def plan_nodes(node: dict) -> set[str]:
+    return {node["Node Type"]}.union(*(plan_nodes(child) for child in node.get("Plans", ())))
+
+
+def test_dispatch_reads_a_backlog_in_index_order_without_planner_statistics(vendor):
+    """Picking the next jobs of a big backlog reads the first entries of the kind's
+    index: no sort of every pending job, whatever the planner's statistics say (a fresh
+    table has none; the planner then takes a backlog for a few rows)."""
+    if vendor != "postgresql":
+        pytest.skip("PostgreSQL plans (SQLite serializes dispatchers and has no such knob)")
+    from django_outbox.db.tune import explain
+
+    with transport.capture():
+        with transaction.atomic():
+            PriorityJob.enqueue_many({"key": f"k{n}", "priority": n % 7} for n in range(5000))
+    table = JobTable(PriorityJob)
+    select, params = table.next_ready_sql()
+    with transaction.atomic():
+        table.lock_dispatch()  # the dispatch is its own transaction
+        plan = plan_nodes(explain(connection, select, [*params, 10]))
+    assert "Sort" not in plan and "Bitmap Heap Scan" not in plan, plan
+    assert "Index Scan" in plan, plan
+    # Inside a caller's transaction the caller's settings are left alone.
+    with transaction.atomic(), transaction.atomic():
+        table.lock_dispatch()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('enable_sort')")
+            assert cursor.fetchone()[0] == "on"
 
 
 def test_a_job_of_a_running_key_waits_until_that_key_is_free():

@@ -36,6 +36,12 @@ class Dialect:
     #: ``synchronous_commit = off`` for that transaction alone). A later synchronous
     #: commit on the server flushes it; only a server crash before then can lose it.
     no_flush_wait: str
+    #: Appended like :attr:`no_flush_wait`: the rest of the transaction reads its rows in
+    #: index order (no bitmap scan, no sort where an index gives the order). Picking the
+    #: next n rows of a backlog then costs n index entries, not a sort of the whole
+    #: backlog, whatever the planner believes of the table (it has no statistics until
+    #: the first ANALYZE, and old ones after a burst).
+    index_order: str
 
     def seconds_from_now(self, seconds: float) -> tuple[str, list[object]]:
         """SQL for the database's time *seconds* from now, and its parameters."""
@@ -68,6 +74,9 @@ POSTGRESQL = Dialect(
     serializes_writers=False,
     tunable=True,
     no_flush_wait=", set_config('synchronous_commit', 'off', true)",
+    index_order=(
+        ", set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+    ),
 )
 SQLITE = Dialect(
     vendor="sqlite",
@@ -77,6 +86,7 @@ SQLITE = Dialect(
     serializes_writers=True,
     tunable=False,
     no_flush_wait="",
+    index_order="",
 )
 DIALECTS = {d.vendor: d for d in (POSTGRESQL, SQLITE)}
 
