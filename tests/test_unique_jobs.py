@@ -27,7 +27,7 @@ from django_outbox.durations import MAX_DURATION
 from django_outbox.exceptions import DurationError, JobError, JobLeaseLost, LeaseLost
 from django_outbox.jsondata import MAX_DEPTH
 from django_outbox.models import JobState, UniqueJob
-from django_outbox.unique.dispatch import RUN, chunk_length, dispatch
+from django_outbox.unique.dispatch import RUN, chunk_length, dispatch, dispatch_after_commit
 from django_outbox.unique.execute import (
     Heartbeat,
     JobOutcome,
@@ -655,6 +655,33 @@ def test_an_expired_lease_is_rescued_and_counts_as_an_attempt():
         assert run_all(queue) == [JobOutcome.PROCESSED.value]
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.PROCESSED, 2)
+
+
+def test_dispatches_after_commits_look_for_expired_leases_once_a_second(monkeypatch):
+    from django_outbox.unique import dispatch as dispatching
+
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        queue.clear()  # the worker died running it
+        KeyedJob.objects.filter(pk=job.pk).update(
+            started_at=Now(), lease_expires_at=Now() - timedelta(seconds=1)
+        )
+        dispatch(KeyedJob)  # this process just looked (and rescued the job)
+        KeyedJob.objects.filter(pk=job.pk).update(
+            started_at=Now(), lease_expires_at=Now() - timedelta(seconds=1)
+        )
+        queue.clear()
+        # Within the second, a dispatch after a commit does not look again...
+        assert dispatch_after_commit(KeyedJob).rescued == 0
+        # ...once the second has passed, it does; a scheduled dispatch always does.
+        monkeypatch.setattr(dispatching, "RESCUE_EVERY_SECONDS", 0.0)
+        assert dispatch_after_commit(KeyedJob).rescued == 1
+        KeyedJob.objects.filter(pk=job.pk).update(
+            started_at=Now(), lease_expires_at=Now() - timedelta(seconds=1)
+        )
+        monkeypatch.setattr(dispatching, "RESCUE_EVERY_SECONDS", 3600.0)
+        result = dispatch(KeyedJob)  # its third attempt's lease: failed for good
+        assert (result.rescued, result.exhausted) == (0, 1)
 
 
 def test_an_expired_lease_on_the_last_attempt_fails_the_job():

@@ -1,7 +1,8 @@
 """Dispatch: rescue expired leases, then start the next ready jobs of a kind in chunks.
 
 One short transaction per kind: a per-kind lock (so the free concurrency slots are
-counted once), the rescue of jobs whose worker died, a bounded count of running jobs,
+counted once), the rescue of jobs whose worker died (looked for at most once a second
+per process by the frequent dispatches below), a bounded count of running jobs,
 and one statement that marks the next ready jobs running (attempt n + 1, a fresh lease)
 with ``SKIP LOCKED``. The started jobs are split into *chunks* (:func:`chunk_length`),
 and each chunk is handed to django-q2 as one task in the same transaction (with the ORM
@@ -43,6 +44,10 @@ RUN = "django_outbox.tasks.run_unique_jobs"
 DISPATCH = "django_outbox.tasks.dispatch_unique"
 #: Expired leases rescued per dispatch at most (crashes are rare; the rest next time).
 RESCUE_LIMIT = 100
+#: The dispatches after a commit and after a chunk look for expired leases at most this
+#: often per kind and process; a scheduled or explicit dispatch always looks.
+RESCUE_EVERY_SECONDS = 1.0
+_looked: dict[tuple[str, str], float] = {}  # (alias, kind) -> when this process last looked
 
 
 @dataclass(frozen=True)
@@ -69,18 +74,28 @@ def chunked(jobs: Sequence[tuple[int, int]], length: int) -> list[list[tuple[int
     return [list(jobs[start : start + length]) for start in range(0, len(jobs), length)]
 
 
-def dispatch(model: type[UniqueJob], *, keep: bool = False) -> DispatchResult:
+def dispatch(model: type[UniqueJob], *, keep: bool = False, rescue: bool = True) -> DispatchResult:
     """Rescue the kind's expired leases and start as many ready jobs as slots are free.
 
     The started jobs go to django-q2 in chunks; with *keep*, the first chunk is returned
-    in :attr:`DispatchResult.kept` instead, for the caller to run.
+    in :attr:`DispatchResult.kept` instead, for the caller to run. Without *rescue*, the
+    expired leases are looked for only if this process has not looked for a second
+    (``RESCUE_EVERY_SECONDS``): the frequent dispatches after commits and chunks then
+    save that query, and a dead worker's jobs still wait a second at most past their
+    lease.
     """
     table = JobTable(model)
+    looked = (table.alias, model._meta.label)
+    now = time.monotonic()
+    if not rescue and now - _looked.get(looked, -math.inf) < RESCUE_EVERY_SECONDS:
+        look = False
+    else:
+        look, _looked[looked] = True, now
 
     def dispatch_transaction(one_by_one: bool) -> DispatchResult:
         with transaction.atomic(using=table.alias):
             table.lock_dispatch()
-            rescued, exhausted = rescue_expired(model, RESCUE_LIMIT)
+            rescued, exhausted = rescue_expired(model, RESCUE_LIMIT) if look else (0, 0)
             concurrency = table.options.concurrency
             running = table.count_running(concurrency)
             slots = concurrency - running
@@ -134,7 +149,7 @@ def dispatch_after_commit(model: type[UniqueJob]) -> DispatchResult | None:
     concurrency = table.options.concurrency
     if table.count_running(concurrency) >= concurrency:
         return None
-    return dispatch(model)
+    return dispatch(model, rescue=False)
 
 
 def dispatch_all() -> list[DispatchResult]:
@@ -180,7 +195,8 @@ def run_jobs(
     while chunk:
         outcomes += execute_chunk(model, chunk, deadline=deadline)
         try:
-            chunk = list(dispatch(model, keep=time.monotonic() < deadline).kept)
+            keep = time.monotonic() < deadline
+            chunk = list(dispatch(model, keep=keep, rescue=False).kept)
         except Exception:  # the outcomes are recorded; the schedule dispatches later
             logger.warning(
                 "Dispatch of %s after a chunk finished failed; its schedule will dispatch.",
