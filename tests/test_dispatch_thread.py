@@ -1,5 +1,6 @@
-"""DISPATCH_ON_COMMIT = "thread": a commit wakes the process's dispatcher thread instead
-of dispatching in the committing thread."""
+"""DISPATCH_ON_COMMIT = "thread": a commit wakes the process's dispatcher thread, which
+hands the kind's dispatch to a worker (one django-q2 task) instead of dispatching in the
+committing thread."""
 
 from __future__ import annotations
 
@@ -9,26 +10,32 @@ import pytest
 from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
+from django.utils.module_loading import import_string
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
 
 from django_outbox.models import JobState
 from django_outbox.unique import background
+from django_outbox.unique.dispatch import RUN, dispatch
 from tests.procs import wait_until
-from tests.uniqueapp.models import KeyedJob
+from tests.uniqueapp.models import JobRun, KeyedJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+LABEL = KeyedJob._meta.label
 
 
 @pytest.fixture
 def thread_mode(monkeypatch):
-    """The setting on, and every dispatch recorded with the thread that ran it."""
+    """The setting on, and every hand-off recorded with the thread that made it."""
     threads: list[str] = []
-    real = background.dispatch_after_commit
+    real = background.wake_after_commit
 
     def recorded(model, **kwargs):
         threads.append(threading.current_thread().name)
         return real(model, **kwargs)
 
-    monkeypatch.setattr(background, "dispatch_after_commit", recorded)
+    monkeypatch.setattr(background, "wake_after_commit", recorded)
     outbox = {**settings.DJANGO_OUTBOX, "DISPATCH_ON_COMMIT": "thread"}
     with override_settings(DJANGO_OUTBOX=outbox):
         yield threads
@@ -36,31 +43,69 @@ def thread_mode(monkeypatch):
         assert background.DISPATCHER.idle.wait(30)
 
 
-def started() -> bool:
-    return not KeyedJob.objects.filter(state=JobState.PENDING).exists()
+def queued() -> list[dict]:
+    """The django-q2 tasks waiting in the ORM broker's queue, oldest first."""
+    return [SignedPackage.loads(row.payload) for row in OrmQ.objects.order_by("id")]
 
 
-def test_the_dispatcher_thread_starts_what_a_commit_enqueued(thread_mode):
+def work_the_queue() -> None:
+    """Run the queued tasks as a worker would, until none is left."""
+    while OrmQ.objects.exists():
+        row = OrmQ.objects.order_by("id").first()
+        task = SignedPackage.loads(row.payload)
+        row.delete()
+        import_string(task["func"])(*task["args"], **task["kwargs"])
+
+
+def test_a_commit_hands_its_dispatch_to_a_worker_which_runs_the_jobs(thread_mode):
     with transaction.atomic():
-        KeyedJob.enqueue(key="a")
-        KeyedJob.enqueue(key="b")
-    wait_until(started, timeout=30)
-    assert set(thread_mode) == {"outbox-dispatch"}  # never the committing thread
-    assert KeyedJob.objects.filter(state=JobState.RUNNING).count() == 2
+        a, _ = KeyedJob.enqueue(key="a")
+        b, _ = KeyedJob.enqueue(key="b")
+    wait_until(lambda: OrmQ.objects.exists(), timeout=30)
+    assert background.DISPATCHER.idle.wait(30)
+    assert thread_mode == ["outbox-dispatch"]  # never the committing thread
+    # One task for the kind and no job started in this process: the worker dispatches.
+    assert [(t["func"], t["args"]) for t in queued()] == [(RUN, (LABEL, []))]
+    assert KeyedJob.objects.filter(state=JobState.PENDING).count() == 2
+
+    work_the_queue()
+
+    assert set(KeyedJob.objects.values_list("state", flat=True)) == {JobState.PROCESSED}
+    assert sorted(JobRun.objects.values_list("job_id", flat=True)) == [a.pk, b.pk]
 
 
-def test_a_burst_of_commits_is_served_up_to_the_kinds_concurrency(thread_mode):
-    slots = KeyedJob.job_options().concurrency
-    for n in range(slots + 5):
+def test_a_burst_of_commits_sends_few_tasks_and_none_at_the_kinds_concurrency(
+    thread_mode, monkeypatch
+):
+    gate = threading.Event()
+    real = background.wake_after_commit
+
+    def held(model, **kwargs):  # the thread busy with a first hand-off meanwhile
+        gate.wait(30)
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(background, "wake_after_commit", held)
+    for n in range(20):
         with transaction.atomic():
             KeyedJob.enqueue(key=f"k{n}")
-    wait_until(lambda: KeyedJob.objects.filter(state=JobState.RUNNING).count() == slots, 30)
-    assert KeyedJob.objects.filter(state=JobState.PENDING).count() == 5
-    assert 1 <= len(thread_mode) <= slots + 5
+    gate.set()
+    assert background.DISPATCHER.idle.wait(30)
+    # The kicks that came while the thread was busy cost one more task, not nineteen.
+    assert 1 <= OrmQ.objects.count() <= 2
+    OrmQ.objects.all().delete()
+    monkeypatch.setattr(background, "wake_after_commit", real)
+    dispatch(KeyedJob)  # the kind's 4 slots taken, its chunks queued
+    chunks, handed = OrmQ.objects.count(), len(thread_mode)
+
+    with transaction.atomic():
+        KeyedJob.enqueue(key="one-more")
+    wait_until(lambda: len(thread_mode) == handed + 1, timeout=30)  # it reached the thread...
+    assert background.DISPATCHER.idle.wait(30)
+    assert OrmQ.objects.count() == chunks  # ...which sent nothing: no slot is free
 
 
-def test_a_failed_dispatch_is_logged_and_the_next_kick_dispatches(thread_mode, monkeypatch, caplog):
-    real = background.dispatch_after_commit
+def test_a_failed_hand_off_is_logged_and_the_next_kick_hands_over(thread_mode, monkeypatch, caplog):
+    real = background.wake_after_commit
     calls = []
 
     def fails_once(model, **kwargs):
@@ -69,22 +114,25 @@ def test_a_failed_dispatch_is_logged_and_the_next_kick_dispatches(thread_mode, m
             raise RuntimeError("database went away")
         return real(model, **kwargs)
 
-    monkeypatch.setattr(background, "dispatch_after_commit", fails_once)
+    monkeypatch.setattr(background, "wake_after_commit", fails_once)
     with transaction.atomic():
         KeyedJob.enqueue(key="a")
-    wait_until(lambda: calls, timeout=30)
     wait_until(lambda: "after a commit failed" in caplog.text, timeout=30)
-    assert KeyedJob.objects.get(key="a").state == JobState.PENDING  # left to the schedule
+    assert not OrmQ.objects.exists()  # left to the schedule
     with transaction.atomic():
         KeyedJob.enqueue(key="b")
-    wait_until(started, timeout=30)
+    wait_until(lambda: OrmQ.objects.exists(), timeout=30)
+    work_the_queue()
+    assert set(KeyedJob.objects.values_list("state", flat=True)) == {JobState.PROCESSED}
 
 
-def test_at_exit_the_kinds_still_wanted_are_dispatched_in_the_exiting_thread():
+def test_at_exit_the_kinds_still_wanted_are_handed_over_by_the_exiting_thread():
     with transaction.atomic():
         KeyedJob.objects.create(key="a")  # pending, no kick
     dispatcher = background.Dispatcher()
-    dispatcher.wanted[KeyedJob._meta.label] = None  # asked, its thread never ran
+    dispatcher.wanted[LABEL] = None  # asked, its thread never ran
     dispatcher.pid = background.os.getpid()
     dispatcher.flush()
-    assert KeyedJob.objects.get(key="a").state == JobState.RUNNING
+    assert [(t["func"], t["args"]) for t in queued()] == [(RUN, (LABEL, []))]
+    work_the_queue()
+    assert KeyedJob.objects.get(key="a").state == JobState.PROCESSED

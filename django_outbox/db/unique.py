@@ -79,6 +79,8 @@ class JobTable:
         """
         if not rows:
             return []
+        if common and len(rows) == 1:  # one row: a plain VALUES list is cheaper to plan
+            rows, common = [[*common, *rows[0]]], ()
         names = [self.qn(field.column) for field, _ in rows[0]]
         if process_after is None:
             after_sql, after_params = self.now, []
@@ -88,7 +90,7 @@ class JobTable:
         else:
             after_sql, after_params = self.dialect.seconds_from_now(process_after)
         conflict = ""
-        if self.options.unique_fields:
+        if self.options.unique_fields and not self._keyless(rows, common):
             target = ", ".join(self.columns(self.options.unique_fields))
             conflict = f" ON CONFLICT ({target}) WHERE state = '{PENDING}' DO NOTHING"
         meta = self.model._meta
@@ -143,6 +145,21 @@ class JobTable:
             return sorted(values, key=lambda row: row[0])
         created = [self._instance(fields, row) for row in self._rows(sql, params)]
         return sorted(created, key=lambda job: job.pk)
+
+    def _keyless(
+        self, rows: Sequence[Sequence[tuple[Field, Any]]], common: Sequence[tuple[Field, Any]]
+    ) -> bool:
+        """Whether no row can hit the pending-jobs index: each holds a NULL in its unique
+        fields (``nullable_keys``), which a unique index never matches. Such rows are
+        inserted without ``ON CONFLICT``, which would probe the index for nothing."""
+        if not self.options.nullable_keys:
+            return False
+        key = set(self.options.unique_fields)
+
+        def has_null(pairs: Sequence[tuple[Field, Any]]) -> bool:
+            return any(field.name in key and value is None for field, value in pairs)
+
+        return has_null(common) or all(has_null(row) for row in rows)
 
     def _values(self, fields: Sequence[Field], row: Sequence[Any]) -> tuple[Any, ...]:
         """Raw column values converted as the ORM would."""

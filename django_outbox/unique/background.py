@@ -1,18 +1,23 @@
-"""Dispatch after commit from a thread of the process (``DISPATCH_ON_COMMIT = "thread"``).
+"""Dispatch after commit handed to the cluster by a thread of the process
+(``DISPATCH_ON_COMMIT = "thread"``).
 
 With the default, ``"inline"``, the thread that committed an enqueue runs the kind's
-dispatch right after its commit (a transaction of its own: a couple of milliseconds of
-the request that enqueued). With ``"thread"`` it only records the kind and wakes this
-module's dispatcher thread, which dispatches it a moment later:
+dispatch right after its commit (a transaction of its own: a millisecond or two of the
+request that enqueued). With ``"thread"`` it only records the kind and wakes this
+module's dispatcher thread, which hands the dispatch to a worker a moment later:
 
-* woken, the thread gathers kicks for ``GATHER_SECONDS`` (10 ms), then dispatches each
-  kind asked for once; kicks that arrive while it dispatches are served by one more
-  round, which sees every commit made before them;
-* a dispatch that fails is logged; the kind's schedule dispatches later, as after any
-  lost kick; so does a process killed before its thread dispatched;
-* at interpreter exit the kinds still wanted are dispatched by the exiting thread;
-* the thread starts on first use in each process (after a fork too) and closes its
-  database connections once idle for ``IDLE_SECONDS``.
+* woken, the thread gathers kicks for ``GATHER_SECONDS`` (10 ms), then sends each kind
+  asked for one django-q2 task that dispatches in the worker taking it and runs the
+  chunk it keeps there (:func:`~django_outbox.unique.dispatch.wake_after_commit`;
+  none while the kind is at its concurrency). The process writes one queue row per
+  kind and interval instead of a dispatch transaction per commit; kicks that arrive
+  meanwhile are served by one more round, sent after the commits before them;
+* a hand-off that fails is logged; the kind's schedule dispatches later, as after any
+  lost kick; so does a process killed before its thread handed the kind over;
+* at interpreter exit the kinds still wanted are handed over by the exiting thread;
+* the thread starts on first use in each process (after a fork too) and keeps its
+  database connections while kicks come (one that failed and no longer answers is
+  closed), closing them once idle for ``IDLE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -23,22 +28,22 @@ import os
 import threading
 import time
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from django_outbox.models.unique import get_kind
-from django_outbox.unique.dispatch import dispatch_after_commit
+from django_outbox.unique.dispatch import wake_after_commit
 
 logger = logging.getLogger("django_outbox")
 
 #: The dispatcher thread closes its connections after this long without a kick.
 IDLE_SECONDS = 0.5
-#: Woken, the thread waits this long for more kicks before it dispatches: a burst of
-#: commits costs one dispatch per kind and interval, at most this much later.
+#: Woken, the thread waits this long for more kicks before it hands the kinds over: a
+#: burst of commits costs one task per kind and interval, at most this much later.
 GATHER_SECONDS = 0.01
 
 
 class Dispatcher:
-    """The process's dispatcher thread and the kinds it is asked to dispatch."""
+    """The process's dispatcher thread and the kinds it is asked to hand over."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -60,9 +65,9 @@ class Dispatcher:
         self.wake.set()
 
     def flush(self) -> None:
-        """Dispatch what is still wanted, in the calling thread (at exit)."""
+        """Hand over what is still wanted, in the calling thread (at exit)."""
         if self.pid == os.getpid():
-            self._dispatch(self._take())
+            self._wake(self._take())
 
     def _take(self) -> list[str]:
         with self.lock:
@@ -80,19 +85,28 @@ class Dispatcher:
                 self.wake.wait()
             time.sleep(GATHER_SECONDS)
             self.wake.clear()
-            self._dispatch(self._take())
+            self._wake(self._take())
 
-    def _dispatch(self, labels: list[str]) -> None:
+    def _wake(self, labels: list[str]) -> None:
         for label in labels:
-            close_old_connections()
+            _drop_broken_connections()
             try:
-                dispatch_after_commit(get_kind(label))
+                wake_after_commit(get_kind(label))
             except Exception:
                 logger.warning(
-                    "Dispatch of %s after a commit failed; its schedule will dispatch.",
+                    "Hand-off of %s's dispatch after a commit failed; its schedule will dispatch.",
                     label,
                     exc_info=True,
                 )
+
+
+def _drop_broken_connections() -> None:
+    """Close this thread's connections that failed and no longer answer. The others are
+    kept from one round to the next, whatever ``CONN_MAX_AGE`` (a request's lifetime)
+    says: connecting anew every 10 ms would cost more than the hand-off itself."""
+    for connection in connections.all(initialized_only=True):
+        if connection.errors_occurred and not connection.is_usable():
+            connection.close()
 
 
 DISPATCHER = Dispatcher()

@@ -9,10 +9,12 @@ and each chunk is handed to django-q2 as one task in the same transaction (with 
 broker on this database, the hand-off commits with it). A chunk's jobs run one after
 another in one worker, each under its own lease and attempt (:mod:`.execute`).
 
-Dispatch runs on a django-q2 schedule per kind, right after an enqueue commits, and
-right after a chunk finishes (its slots are free): that dispatch keeps one chunk for the
-worker that just finished, which runs it at once without a round trip through the
-broker (:func:`run_jobs`), for up to ``RUN_SECONDS`` before it hands over.
+Dispatch runs on a django-q2 schedule per kind, right after an enqueue commits (in the
+committing thread, or with ``DISPATCH_ON_COMMIT = "thread"`` in the worker that takes
+the commit's wake, :func:`wake_after_commit`), and right after a chunk finishes (its
+slots are free): that dispatch keeps one chunk for the worker that just finished, which
+runs it at once without a round trip through the broker (:func:`run_jobs`), for up to
+``RUN_SECONDS`` before it hands over.
 """
 
 from __future__ import annotations
@@ -146,10 +148,32 @@ def dispatch_after_commit(model: type[UniqueJob]) -> DispatchResult | None:
     dispatch lock. A chunk whose worker died is rescued by the schedule, as always.
     """
     table = JobTable(model)
-    concurrency = table.options.concurrency
-    if table.count_running(concurrency) >= concurrency:
+    if _at_concurrency(table):
         return None
     return dispatch(model, rescue=False)
+
+
+def wake_after_commit(model: type[UniqueJob]) -> bool:
+    """Hand the dispatch a commit asked for to a worker of the kind's cluster; return
+    whether it was handed (``DISPATCH_ON_COMMIT = "thread"``).
+
+    One django-q2 task, ``run_unique_jobs`` with no jobs: the worker that takes it
+    dispatches there, runs the chunk it keeps and goes on with the next ones
+    (:func:`run_jobs`), as after any chunk. The committing process writes one queue
+    row, not a dispatch transaction. Skipped, like :func:`dispatch_after_commit`, while
+    the kind is at its concurrency.
+    """
+    table = JobTable(model)
+    if _at_concurrency(table):
+        return False
+    transport.enqueue(RUN, [(model._meta.label, [])], cluster=table.options.cluster)
+    return True
+
+
+def _at_concurrency(table: JobTable) -> bool:
+    """Whether the kind has ``concurrency`` jobs running or queued (an unlocked count)."""
+    concurrency = table.options.concurrency
+    return table.count_running(concurrency) >= concurrency
 
 
 def dispatch_all() -> list[DispatchResult]:
@@ -186,25 +210,33 @@ def run_jobs(
 
     After each chunk its slots are free: dispatch starts the next ready jobs and keeps a
     chunk for this worker, which runs it here, until *budget* seconds have passed (then
-    every chunk goes to django-q2). A failed dispatch leaves the kind to its schedule.
+    every chunk goes to django-q2). No jobs (a commit's wake, :func:`wake_after_commit`):
+    dispatch first. A failed dispatch leaves the kind to its schedule.
     """
     model = get_kind(label)
     deadline = time.monotonic() + budget
     outcomes: list[JobOutcome] = []
     chunk = [(int(pk), int(attempt)) for pk, attempt in jobs]
+    if not chunk:
+        chunk = _kept(model, keep=True, after="a commit's wake")
     while chunk:
         outcomes += execute_chunk(model, chunk, deadline=deadline)
-        try:
-            keep = time.monotonic() < deadline
-            chunk = list(dispatch(model, keep=keep, rescue=False).kept)
-        except Exception:  # the outcomes are recorded; the schedule dispatches later
-            logger.warning(
-                "Dispatch of %s after a chunk finished failed; its schedule will dispatch.",
-                label,
-                exc_info=True,
-            )
-            break
+        chunk = _kept(model, keep=time.monotonic() < deadline, after="a chunk finished")
     return outcomes
+
+
+def _kept(model: type[UniqueJob], *, keep: bool, after: str) -> list[tuple[int, int]]:
+    """Dispatch *model* in a worker; the chunk it keeps for that worker (none if failed)."""
+    try:
+        return list(dispatch(model, keep=keep, rescue=False).kept)
+    except Exception:  # the outcomes are recorded; the schedule dispatches later
+        logger.warning(
+            "Dispatch of %s after %s failed; its schedule will dispatch.",
+            model._meta.label,
+            after,
+            exc_info=True,
+        )
+        return []
 
 
 def run_job(label: str, job_id: int, attempt: int) -> JobOutcome:

@@ -236,8 +236,9 @@ def kick_after_commit(model: type[UniqueJob], alias: str) -> None:
 
 
 def _dispatch(label: str) -> None:
-    """Dispatch a kind after an enqueue committed, here or in the process's dispatcher
-    thread (``DISPATCH_ON_COMMIT``); a failure leaves it to the schedule."""
+    """Dispatch a kind after an enqueue committed: here, or handed to a worker by the
+    process's dispatcher thread (``DISPATCH_ON_COMMIT``); a failure leaves it to the
+    schedule."""
     if outbox_settings().dispatch_on_commit == "thread":
         from django_outbox.unique.background import DISPATCHER
 
