@@ -165,6 +165,34 @@ def test_orderings_through_the_cluster(model, expected):
         assert [seq for _, _, seq in key_runs] == expected, key
 
 
+def test_commits_handed_to_the_cluster_by_the_dispatcher_thread_all_run(settings):
+    """DISPATCH_ON_COMMIT = "thread": 60 enqueues, one transaction each, one in four rolled
+    back; the workers dispatch from the hand-offs and run every committed job once."""
+    from django_outbox.unique.background import DISPATCHER
+
+    settings.DJANGO_OUTBOX = {**settings.DJANGO_OUTBOX, "DISPATCH_ON_COMMIT": "thread"}
+    committed = []
+    with qcluster("unique-thread") as cluster:
+        for n in range(60):
+            with transaction.atomic():
+                job, _ = KeyedJob.enqueue(key=f"k{n}")
+                if n % 4 == 3:
+                    transaction.set_rollback(True)
+                    continue
+            committed.append(job.pk)
+        wait_until(
+            all_processed(KeyedJob, len(committed)),
+            timeout=120,
+            describe=states(KeyedJob),
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+        assert DISPATCHER.idle.wait(30)
+    assert log_problems(cluster) == []
+    assert sorted(KeyedJob.objects.values_list("pk", flat=True)) == sorted(committed)
+    assert sorted(JobRun.objects.values_list("job_id", flat=True)) == sorted(committed)
+
+
 def test_the_concurrency_limit_holds_under_load():
     jobs = 24
     seen_running = []
