@@ -38,8 +38,17 @@ ERROR_LIMIT = 4000
 CUT = "…"
 
 
+_identity: tuple[int, str] = (0, "")  # (pid, "host:pid"), made once per process
+
+
 def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid`` of this process (the host name is read once per process: a task
+    records it per attempt, and reading it is a system call)."""
+    global _identity
+    pid = os.getpid()
+    if _identity[0] != pid:
+        _identity = (pid, f"{socket.gethostname()}:{pid}")
+    return _identity[1]
 
 
 def clip(error: str, limit: int = ERROR_LIMIT) -> str:

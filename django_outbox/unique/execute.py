@@ -83,11 +83,10 @@ class Heartbeat:
         self.model = model
         self.job_id = job_id
         self.attempt = attempt
-        self.leases = leases(model)
 
     def __call__(self) -> None:
         """Extend the lease by ``lease_seconds`` from now; raise :class:`LeaseLost` if gone."""
-        self.leases.heartbeat(self.job_id, self.attempt)
+        leases(self.model).heartbeat(self.job_id, self.attempt)
 
 
 def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> bool:
