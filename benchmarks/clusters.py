@@ -17,8 +17,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +30,15 @@ django.setup()
 from django_q.tasks import async_task  # noqa: E402
 
 from benchmarks.models import Marker  # noqa: E402
-from benchmarks.run import ROOT, STREAM, drained, fill_buffer, wait_until  # noqa: E402
+from benchmarks.run import (  # noqa: E402
+    ROOT,
+    STREAM,
+    drained,
+    fill_buffer,
+    start_django,
+    stop,
+    wait_until,
+)
 from django_outbox import transport  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -74,19 +80,8 @@ def clusters(count: int) -> Iterator[None]:
     """*count* qclusters on the Redis broker, each in its own session; wait until all take jobs."""
     log = ROOT / "artifacts" / "bench-clusters.log"
     log.parent.mkdir(exist_ok=True)
-    processes = []
     with log.open("a") as out:
-        for _ in range(count):
-            processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "django", "qcluster"],
-                    cwd=ROOT,
-                    env={**os.environ, "BENCH_SCHEDULER": "0"},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+        processes = [start_django(["qcluster"], out, BENCH_SCHEDULER="0") for _ in range(count)]
     try:
         names = [f"ready-{p.pid}-{n}" for p in processes for n in range(4)]
         for name in names:
@@ -96,14 +91,7 @@ def clusters(count: int) -> Iterator[None]:
         )
         yield
     finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop(processes)
 
 
 def drain_with(count: int, events: int) -> dict[str, float]:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -61,30 +59,16 @@ def _wait(done: Any, timeout: float, what: str) -> None:
 
 @contextmanager
 def _workers(argv: list[str], count: int, name: str) -> Iterator[None]:
+    from benchmarks.run import start_django, stop
+
     log = ROOT / "artifacts" / f"bench-{name}.log"
     log.parent.mkdir(exist_ok=True)
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "django", *argv],
-            cwd=ROOT,
-            env={**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings"},
-            stdout=log.open("a"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for _ in range(count)
-    ]
+    with log.open("a") as out:
+        processes = [start_django(argv, out) for _ in range(count)]
     try:
         yield
     finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop(processes)
 
 
 def ours_end_to_end(n: int) -> dict[str, Any]:

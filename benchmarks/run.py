@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import django
 
@@ -148,25 +148,36 @@ def cluster(*, scheduler: bool = False) -> Iterator[None]:
     With *scheduler* the cluster runs django-q2's schedules too, as in production."""
     log = ROOT / "artifacts" / "bench-qcluster.log"
     log.parent.mkdir(exist_ok=True)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "django", "qcluster"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
-            "BENCH_SCHEDULER": "1" if scheduler else "0",
-        },
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with log.open("w") as out:
+        process = start_django(["qcluster"], out, BENCH_SCHEDULER="1" if scheduler else "0")
     try:
         name = f"ready-{process.pid}"
         async_task("benchmarks.tasks.ping", name, save=False)
         wait_until(lambda: Marker.objects.filter(name=name).exists(), 60, "cluster start")
         yield
     finally:
+        stop([process])
+
+
+def start_django(argv: list[str], out: IO[Any], **env: str) -> subprocess.Popen:
+    """``python -m django *argv*`` on the benchmark settings (and *env*), writing to the
+    file *out*, in a session of its own so that :func:`stop` reaches its children."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", *argv],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", **env},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM every process, wait for each, and kill the session of one still running
+    after 60 s."""
+    for process in processes:
         process.send_signal(signal.SIGTERM)
+    for process in processes:
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:

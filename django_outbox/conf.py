@@ -145,7 +145,8 @@ GLOBAL_OPTIONS = OptionTable(
             "inline",
             "thread",
             hint="'inline': the committing thread dispatches the jobs it enqueued right "
-            "after its commit; 'thread': a dispatcher thread of the process does.",
+            "after its commit; 'thread': a dispatcher thread of the process hands the "
+            "dispatch to a worker.",
         ),
         "E007",
     ),

@@ -128,7 +128,8 @@ def test_dispatch_on_commit_is_e007():
                 "django_outbox.E007",
                 "DJANGO_OUTBOX['DISPATCH_ON_COMMIT'] must be 'inline' or 'thread', not 'later'.",
                 "'inline': the committing thread dispatches the jobs it enqueued right after "
-                "its commit; 'thread': a dispatcher thread of the process does.",
+                "its commit; 'thread': a dispatcher thread of the process hands the dispatch "
+                "to a worker.",
             )
         ]
 
