@@ -450,6 +450,31 @@ def test_dispatch_reads_a_backlog_in_index_order_without_planner_statistics(vend
             assert cursor.fetchone()[0] == "on"
 
 
+def test_counting_running_jobs_reads_the_running_index_whatever_the_statistics(vendor):
+    """The count of running jobs (every dispatch, and every commit that asks for one)
+    walks the running jobs' index, never the whole table: not even when the statistics
+    were taken while most of the table was running and it has since finished."""
+    if vendor != "postgresql":
+        pytest.skip("PostgreSQL plans (SQLite has no planner statistics to go stale)")
+    from django_outbox.db.tune import explain
+
+    with transport.capture():
+        with transaction.atomic():
+            PriorityJob.enqueue_many({"key": f"k{n}", "priority": 0} for n in range(5000))
+    table = JobTable(PriorityJob)
+    with transaction.atomic():
+        table.start_next(5000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {table.table}")  # statistics: nearly every row running
+    PriorityJob.objects.filter(pk__gt=PriorityJob.objects.order_by("pk")[10].pk).update(
+        state=JobState.PROCESSED
+    )
+    sql, params = table.running_sql(500)
+    plan = plan_nodes(explain(connection, sql, params))
+    assert "Seq Scan" not in plan, plan
+    assert table.count_running(500) == 11
+
+
 def test_a_job_of_a_running_key_waits_until_that_key_is_free():
     with transport.capture() as queue:
         running, _ = KeyedJob.enqueue(key="a")
