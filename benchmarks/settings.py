@@ -32,6 +32,16 @@ DATABASES = {
         os.environ["BENCH_DATABASE_URL"], conn_max_age=600, conn_health_checks=True
     )
 }
+# BENCH_PREPARED=1: prepared statements for every contender alike (psycopg 3: server-side
+# binding, each statement prepared on its fifth use on a connection; Django's default
+# prepares nothing).
+PREPARED_STATEMENTS = os.environ.get("BENCH_PREPARED") == "1"
+if PREPARED_STATEMENTS:
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=5
+    )
+if os.environ.get("BENCH_SSB") == "1":
+    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 
 Q_CLUSTER = {
     "name": "bench",

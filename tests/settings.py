@@ -78,6 +78,10 @@ TEMPLATES = [
 _url = os.environ.get("DATABASE_URL", "").strip()
 if _url:
     DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
+    if os.environ.get("OUTBOX_TEST_PREPARED") == "1":
+        # PostgreSQL with prepared statements (psycopg 3), as the README recommends for
+        # throughput: server-side binding, each statement prepared on its fifth use.
+        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 else:
     # A file, not :memory:, so that subprocesses (qcluster, concurrent claimers) share it.
     _name = os.environ.get(
