@@ -40,8 +40,6 @@ if PREPARED_STATEMENTS:
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         server_side_binding=True, prepare_threshold=5
     )
-if os.environ.get("BENCH_SSB") == "1":
-    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 
 Q_CLUSTER = {
     "name": "bench",
