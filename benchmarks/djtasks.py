@@ -8,7 +8,8 @@ with django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is
   enqueue to the last one done, with two worker processes each: a qcluster of 2
   workers for ours (the commit kicks the dispatch; chunks of the task kind), two
   ``db_worker`` processes for django-tasks-db. The workers are started and warm before
-  the clock starts;
+  the clock starts. Ours runs twice: with the default ``JOBS_PER_STATEMENT`` (1) and
+  with 8;
 * enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
   ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours with the
   dispatch after each commit in the committing thread (the default: each dispatch
@@ -42,6 +43,8 @@ from django.db import connection, transaction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE_MAX = 2000
+#: ``JOBS_PER_STATEMENT`` of ours' second end-to-end run (the first runs the default, 1).
+GROUPED = 8
 OURS = "django_outbox_tasks_taskrecord"
 THEIRS = "django_tasks_database_dbtaskresult"
 
@@ -77,14 +80,14 @@ def _workers(argv: list[str], count: int, name: str) -> Iterator[None]:
         stop(processes)
 
 
-def ours_end_to_end(n: int) -> dict[str, Any]:
+def ours_end_to_end(n: int, jobs_per_statement: int = 1) -> dict[str, Any]:
     from benchmarks.djtasks_funcs import outbox_noop
     from benchmarks.run import cluster
     from django_outbox.tasks_backend.models import TaskRecord
     from django_outbox.unique.dispatch import chunk_length
 
     _clear()
-    with cluster():
+    with cluster(BENCH_JOBS_PER_STATEMENT=str(jobs_per_statement)):
         begin = time.perf_counter()
         with transaction.atomic():
             outbox_noop.enqueue_many([((number,), {}) for number in range(n)])
@@ -99,6 +102,7 @@ def ours_end_to_end(n: int) -> dict[str, Any]:
         "seconds": round(seconds, 3),
         "tasks_per_s": round(n / seconds),
         "chunk": chunk_length(TaskRecord.job_options()),
+        "jobs_per_statement": jobs_per_statement,
     }
 
 
@@ -184,10 +188,18 @@ def measure(n: int) -> dict[str, Any]:
         raise SystemExit("The django.tasks benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     ours = ours_end_to_end(n)
     theirs = theirs_end_to_end(min(n, SINGLE_MAX))
+    grouped = ours_end_to_end(n, jobs_per_statement=GROUPED)
     return {
         "django": django.get_version(),
-        "end_to_end": {"ours": ours, "django_tasks_db": theirs},
+        "end_to_end": {
+            "ours": ours,
+            "django_tasks_db": theirs,
+            f"ours_jobs_per_statement_{GROUPED}": grouped,
+        },
         "end_to_end_ratio": round(ours["tasks_per_s"] / theirs["tasks_per_s"], 1),
+        f"end_to_end_ratio_jobs_per_statement_{GROUPED}": round(
+            grouped["tasks_per_s"] / theirs["tasks_per_s"], 1
+        ),
         "enqueue": enqueue_rates(n),
     }
 

@@ -142,14 +142,15 @@ def vacuum(*tables: str) -> None:
 
 
 @contextmanager
-def cluster(*, scheduler: bool = False) -> Iterator[None]:
+def cluster(*, scheduler: bool = False, **env: str) -> Iterator[None]:
     """Run ``qcluster`` (2 workers, ORM broker) and wait until it takes jobs.
 
-    With *scheduler* the cluster runs django-q2's schedules too, as in production."""
+    With *scheduler* the cluster runs django-q2's schedules too, as in production; *env*
+    goes to the cluster's environment (``BENCH_*`` switches of the settings)."""
     log = ROOT / "artifacts" / "bench-qcluster.log"
     log.parent.mkdir(exist_ok=True)
     with log.open("w") as out:
-        process = start_django(["qcluster"], out, BENCH_SCHEDULER="1" if scheduler else "0")
+        process = start_django(["qcluster"], out, BENCH_SCHEDULER="1" if scheduler else "0", **env)
     try:
         name = f"ready-{process.pid}"
         async_task("benchmarks.tasks.ping", name, save=False)

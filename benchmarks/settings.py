@@ -20,7 +20,10 @@ if django.VERSION >= (6, 0):
     TASKS = {
         "default": {
             "BACKEND": "django_outbox.tasks_backend.OutboxTaskBackend",
-            "OPTIONS": {"CONCURRENCY": int(os.environ.get("BENCH_TASK_CONCURRENCY", "500"))},
+            "OPTIONS": {
+                "CONCURRENCY": int(os.environ.get("BENCH_TASK_CONCURRENCY", "500")),
+                "JOBS_PER_STATEMENT": int(os.environ.get("BENCH_JOBS_PER_STATEMENT", "1")),
+            },
         }
     }
     if importlib.util.find_spec("django_tasks_db"):

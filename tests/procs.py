@@ -287,6 +287,23 @@ def run_qcluster(log_level: str) -> None:
             for name in ("django-q", "django_outbox")
         },
     }
+    import django
+
+    django.setup()
+    _override_kind_options()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["django", "qcluster"])
+
+
+def _override_kind_options() -> None:
+    """Child process: apply ``OUTBOX_TEST_KIND_OPTIONS`` (JSON: kind label -> options),
+    as the ``kind_options`` fixture does in the test process."""
+    import dataclasses
+    import json
+
+    from django_outbox.models.unique import get_kind
+
+    for label, options in json.loads(os.environ.get("OUTBOX_TEST_KIND_OPTIONS", "{}")).items():
+        model = get_kind(label)
+        model._kind_options = dataclasses.replace(model.job_options(), **options)

@@ -15,7 +15,8 @@ from django_outbox.unique.checks import check_kind
 
 KNOWN = (
     "Known options: backoff_max_seconds, backoff_seconds, chunk_size, cluster, concurrency, "
-    "dispatch_every_minutes, lease_seconds, max_attempts, nullable_keys, ordering, "
+    "dispatch_every_minutes, jobs_per_statement, lease_seconds, max_attempts, nullable_keys, "
+    "ordering, "
     "priority_field, result_field, retention_days, unique_fields, unique_while_executing, "
     "workers_field."
 )

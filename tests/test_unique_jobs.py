@@ -348,6 +348,120 @@ def test_each_job_of_a_chunk_has_its_own_attempt_and_outcome():
     assert "planned failure of attempt 1" in failing.last_error
 
 
+# -- several jobs per statement (jobs_per_statement) -------------------------------------
+
+
+def step_statements(queries: CaptureQueriesContext) -> int:
+    """How many of the captured statements started or finished jobs (JobTable.steps)."""
+    return sum("started_at = CASE" in query["sql"] for query in queries.captured_queries)
+
+
+def dispatched_chunk(count: int, **fields) -> tuple[list[KeyedJob], list[tuple[int, int]]]:
+    """*count* keyed jobs enqueued and dispatched as one chunk: (jobs, the chunk)."""
+    with transport.capture() as queue:
+        with transaction.atomic():
+            jobs = [KeyedJob.enqueue(key=f"k{n}", **fields)[0] for n in range(count)]
+    assert len(queue) == 1
+    return jobs, [(pk, attempt) for pk, attempt in queue[0].args[1]]
+
+
+def test_a_group_of_jobs_starts_in_one_statement_and_the_next_records_their_success(
+    kind_options,
+):
+    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=4)
+    jobs, chunk = dispatched_chunk(10)
+    with CaptureQueriesContext(connection) as queries:
+        outcomes = execute_chunk(KeyedJob, chunk)
+    assert outcomes == [JobOutcome.PROCESSED] * 10
+    # Groups of 4, 4 and 2: three statements start them, the last one records the end
+    # (one job at a time: eleven).
+    assert step_statements(queries) == 4
+    assert sorted(JobRun.objects.values_list("job_id", flat=True)) == [job.pk for job in jobs]
+    done = KeyedJob.objects.filter(state=JobState.PROCESSED, attempt=1, lease_expires_at=None)
+    assert done.count() == 10
+
+
+def test_a_failure_in_a_group_is_recorded_at_once_and_costs_the_others_nothing(kind_options):
+    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=4)
+    jobs, chunk = dispatched_chunk(4)
+    KeyedJob.objects.filter(pk=jobs[1].pk).update(fail_attempts=1)
+    assert execute_chunk(KeyedJob, chunk) == [
+        JobOutcome.PROCESSED,
+        JobOutcome.RETRYING,
+        JobOutcome.PROCESSED,
+        JobOutcome.PROCESSED,
+    ]
+    states = dict(KeyedJob.objects.values_list("pk", "state"))
+    assert [states[job.pk] for job in jobs] == [
+        JobState.PROCESSED,
+        JobState.PENDING,
+        JobState.PROCESSED,
+        JobState.PROCESSED,
+    ]
+    assert "planned failure of attempt 1" in KeyedJob.objects.get(pk=jobs[1].pk).last_error
+
+
+def test_a_crash_in_a_group_costs_each_started_job_an_attempt_then_they_run_alone(
+    kind_options,
+):
+    """A worker that dies with a group started leaves no trace of which job it ran: each
+    started job loses that attempt, and then runs in a group of its own, so that the job
+    that crashes its worker again costs no other job an attempt."""
+    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=4)
+    jobs, chunk = dispatched_chunk(6)
+    table = JobTable(KeyedJob)
+    assert table.steps([], chunk[:4], "dead-host:1")[1] == {pk for pk, _ in chunk[:4]}
+    # The worker dies; the leases expire; the next dispatch rescues and starts again.
+    KeyedJob.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
+    with transport.capture() as queue:
+        dispatch(KeyedJob)
+    restarted = sorted(started(queue))
+    first_four = {job.pk for job in jobs[:4]}
+    # The started ones lost an attempt (attempt 2 now), the two unstarted ones did not.
+    assert [attempt for _, pk, attempt in restarted if pk in first_four] == [2] * 4
+    assert [attempt for _, pk, attempt in restarted if pk not in first_four] == [1, 1]
+    with CaptureQueriesContext(connection) as queries:
+        outcomes = run_all(queue)
+    assert outcomes == [JobOutcome.PROCESSED.value] * 6
+    # The four alone (a statement each), the two others together, one to finish: six.
+    assert step_statements(queries) == 6
+
+
+def test_a_heartbeat_extends_the_leases_of_the_jobs_started_with_it(kind_options):
+    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=3)
+    _, chunk = dispatched_chunk(3)
+    JobTable(KeyedJob).steps([], chunk, "host:1")
+    KeyedJob.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
+    (first, attempt), *mates = chunk
+    Heartbeat(KeyedJob, first, attempt, mates)()
+    expired = KeyedJob.objects.filter(lease_expires_at__lte=Now())
+    assert not expired.exists()
+
+
+def test_a_job_of_a_group_that_lost_its_lease_while_waiting_is_not_run(kind_options, monkeypatch):
+    """Before a job that waited in its group for a while (here: always), the worker makes
+    sure its lease is still the worker's; one rescued meanwhile is left to its new
+    attempt."""
+    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=3, lease_seconds=0)
+    jobs, chunk = dispatched_chunk(3)
+    perform = KeyedJob.perform
+
+    def rescue_the_second(self, heartbeat):
+        if self.pk == jobs[0].pk:  # as if a dispatch had rescued the second job meanwhile
+            retry_or_fail(KeyedJob, jobs[1].pk, chunk[1][1], "lease expired", delay=0)
+        return perform(self, heartbeat)
+
+    monkeypatch.setattr(KeyedJob, "perform", rescue_the_second)
+    assert execute_chunk(KeyedJob, chunk) == [
+        JobOutcome.PROCESSED,
+        JobOutcome.LEASE_LOST,
+        JobOutcome.PROCESSED,
+    ]
+    ran = set(JobRun.objects.values_list("job_id", flat=True))
+    assert ran == {jobs[0].pk, jobs[2].pk}
+    assert KeyedJob.objects.get(pk=jobs[1].pk).state == JobState.PENDING
+
+
 def test_a_worker_that_dies_mid_chunk_loses_only_the_attempt_it_was_running():
     with transport.capture() as queue:
         with transaction.atomic():

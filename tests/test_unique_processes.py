@@ -244,6 +244,32 @@ def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
     assert all(attempts[job.pk] == 1 for job in others)
 
 
+def test_a_worker_killed_mid_group_costs_each_job_started_with_it_an_attempt():
+    """With ``jobs_per_statement = 2`` a chunk of two starts both jobs in one statement.
+    SIGKILL of the worker during the first: neither is lost; both lose attempt 1 (which
+    of them ran cannot be known) and run again alone; the job behind the crash runs
+    once, as attempt 2; every other job runs once."""
+    options = json.dumps({"uniqueapp.KeyedJob": {"jobs_per_statement": 2}})
+    with qcluster("unique-group-crash", OUTBOX_TEST_KIND_OPTIONS=options) as cluster:
+        with transaction.atomic():  # concurrency 4 over 2 workers: chunks of 2
+            crash, _ = KeyedJob.enqueue(key="crash", note="crash")
+            behind, _ = KeyedJob.enqueue(key="behind")
+            others = [KeyedJob.enqueue(key=f"k{n}")[0] for n in range(6)]
+
+        def settled() -> bool:
+            dispatch(KeyedJob)  # plays the schedule: rescues the dead worker's leases
+            return KeyedJob.objects.filter(state=JobState.PROCESSED).count() == 8
+
+        wait_until(settled, timeout=90, interval=0.2, watch=[cluster], describe=states(KeyedJob))
+    runs = sorted(JobRun.objects.values_list("job_id", "attempt"))
+    assert runs == sorted(
+        [(crash.pk, 1), (crash.pk, 2), (behind.pk, 2), *((job.pk, 1) for job in others)]
+    )
+    attempts = dict(KeyedJob.objects.values_list("pk", "attempt"))
+    assert (attempts[crash.pk], attempts[behind.pk]) == (2, 2)
+    assert all(attempts[job.pk] == 1 for job in others)
+
+
 @pytest.mark.parametrize("beats", [10, 0], ids=["heartbeat", "no-heartbeat"])
 def test_a_heartbeat_keeps_a_long_job_alive_past_its_lease(beats):
     """A 5 s job with a 2 s lease: with heartbeats it runs once; without, it is rescued."""

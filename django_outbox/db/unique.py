@@ -358,38 +358,66 @@ class JobTable:
     ) -> tuple[bool, bool]:
         """Mark one job processed and start the next, in one statement; either may be None.
 
-        *finish* and *start* are (id, attempt) pairs. Finishing matches the job only while
-        it runs that attempt; starting matches it only while no worker has started that
-        attempt (``started_at`` NULL), and stamps the start, renews the lease and records
-        *worker*. Returns whether each matched (False: the lease is lost, or the attempt is
-        not ours to start). A kind with a ``result_field`` stores *result* (a database
-        value) in the finished job; one with a ``workers_field`` appends *worker* to the
+        *finish* and *start* are (id, attempt) pairs; *result* is the finished job's (see
+        :meth:`steps`). Returns whether each matched.
+        """
+        finished, started = self.steps(
+            [(*finish, result)] if finish else [], [start] if start else [], worker
+        )
+        return (
+            finish is not None and finish[0] in finished,
+            start is not None and start[0] in started,
+        )
+
+    def steps(
+        self,
+        finishes: Sequence[tuple[int, int, Any]],
+        starts: Sequence[tuple[int, int]],
+        worker: str,
+    ) -> tuple[set[int], set[int]]:
+        """Mark jobs processed and start others, in one statement; either list may be empty.
+
+        *finishes* are (id, attempt, result) triples, *starts* (id, attempt) pairs.
+        Finishing matches a job only while it runs that attempt; starting matches it only
+        while no worker has started that attempt (``started_at`` NULL), and stamps the
+        start, renews the lease and records *worker*. Returns the ids of the jobs
+        finished and of those started (one missing: the lease is lost, or the attempt is
+        not ours to start). A kind with a ``result_field`` stores each finished job's
+        result (a database value); one with a ``workers_field`` appends *worker* to each
         started job's.
 
         Run on its own (not inside a transaction of the caller's), the statement commits
         without waiting for the log flush (:attr:`Dialect.no_flush_wait`): a server crash
-        right after can lose the step, and the job then runs again (at least once), never
+        right after can lose the step, and the jobs then run again (at least once), never
         less; any later synchronous commit (a dispatch, the job's own writes) makes it
         durable.
         """
         expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
         now = self.now
-        done = "id = %s"
         flush = "" if self.connection.in_atomic_block else self.dialect.no_flush_wait
-        finish_id, finish_attempt = finish or (None, None)
-        start_id, start_attempt = start or (None, None)
+        # An empty list stands as one NULL id, which matches no row.
+        finish_pairs = [(pk, attempt) for pk, attempt, _ in finishes] or [(None, None)]
+        start_pairs = list(starts) or [(None, None)]
+        finish_ids = [pk for pk, _ in finish_pairs]
+
+        def listed(count: int, item: str = "%s") -> str:
+            return ", ".join([item] * count)
+
+        done = f"id IN ({listed(len(finish_ids))})"
         extra, extra_params = "", []
         if self.options.result_field:
             column = self.columns([self.options.result_field])[0]
-            extra += f", {column} = CASE WHEN {done} THEN %s ELSE {column} END"
-            extra_params += [finish_id, result]
+            cases = " ".join(["WHEN id = %s THEN %s"] * len(finish_pairs))
+            extra += f", {column} = CASE {cases} ELSE {column} END"
+            for pk, _, result in finishes or [(None, None, None)]:
+                extra_params += [pk, result]
         if self.options.workers_field:
             column = self.columns([self.options.workers_field])[0]
             extra += f", {column} = CASE WHEN {done} THEN {column} ELSE {column} || %s END"
-            extra_params += [finish_id, f"{worker}\n"]
-        # The conditions sit inside a CASE so that the planner finds the two rows by
-        # primary key: a plain "state = 'running'" lets it pick the partial index of
-        # running jobs and walk all of them.
+            extra_params += [*finish_ids, f"{worker}\n"]
+        # The conditions sit inside a CASE so that the planner finds the rows by primary
+        # key: a plain "state = 'running'" lets it pick the partial index of running
+        # jobs and walk all of them.
         sql = (
             f"UPDATE {self.table} SET "
             f"state = CASE WHEN {done} THEN %s ELSE state END, "
@@ -398,28 +426,58 @@ class JobTable:
             f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
             f"started_at = CASE WHEN {done} THEN started_at ELSE {now} END, "
             f"worker = CASE WHEN {done} THEN worker ELSE %s END{extra} "
-            f"WHERE id IN (%s, %s) AND CASE WHEN {done} THEN state = %s AND attempt = %s "
-            "ELSE state = %s AND attempt = %s AND started_at IS NULL END "
+            f"WHERE id IN ({listed(len(finish_pairs) + len(start_pairs))}) "
+            f"AND CASE WHEN {done} THEN state = %s AND {_fence(finish_pairs)} "
+            f"ELSE state = %s AND {_fence(start_pairs)} AND started_at IS NULL END "
             f"RETURNING id{flush}"
         )
         params = [
-            finish_id,
+            *finish_ids,
             PROCESSED,
-            finish_id,
-            finish_id,
-            finish_id,
+            *finish_ids,
+            *finish_ids,
+            *finish_ids,
             *expiry_params,
-            finish_id,
-            finish_id,
+            *finish_ids,
+            *finish_ids,
             worker,
             *extra_params,
-            finish_id,
-            start_id,
-            finish_id,
+            *finish_ids,
+            *(pk for pk, _ in start_pairs),
+            *finish_ids,
             RUNNING,
-            finish_attempt,
+            *(value for pair in finish_pairs for value in pair),
             RUNNING,
-            start_attempt,
+            *(value for pair in start_pairs for value in pair),
         ]
         matched = {int(row[0]) for row in self._rows(sql, params)}
-        return finish_id in matched, start_id in matched
+        return (
+            {pk for pk in finish_ids if pk in matched},
+            {pk for pk, _ in starts if pk in matched},
+        )
+
+    def renew(self, jobs: Sequence[tuple[int, int]]) -> set[int]:
+        """Extend the leases of running jobs, (id, attempt) pairs, by ``lease_seconds``
+        from now; return the ids still ours (the others' lease is lost)."""
+        if not jobs:
+            return set()
+        expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
+        rows = self._rows(
+            f"UPDATE {self.table} SET lease_expires_at = {expiry} "
+            f"WHERE id IN ({', '.join(['%s'] * len(jobs))}) "
+            f"AND CASE WHEN id IS NOT NULL THEN state = %s AND {_fence(jobs)} END "
+            "RETURNING id",
+            [
+                *expiry_params,
+                *(pk for pk, _ in jobs),
+                RUNNING,
+                *(value for pair in jobs for value in pair),
+            ],
+        )
+        return {int(row[0]) for row in rows}
+
+
+def _fence(jobs: Sequence[tuple[Any, Any]]) -> str:
+    """SQL true for a row whose id and attempt are one of *jobs*, (id, attempt) pairs
+    (the parameters follow in that order)."""
+    return f"CASE id {' '.join(['WHEN %s THEN attempt = %s'] * len(jobs))} ELSE FALSE END"

@@ -28,6 +28,7 @@ TUNABLE = OptionTable(
             "backoff_max_seconds",
             "concurrency",
             "chunk_size",
+            "jobs_per_statement",
             "lease_seconds",
             "cluster",
             "retention_days",

@@ -43,6 +43,8 @@ LEASE_EXPIRED = (
     "The lease of attempt {attempt} expired: its worker died, stalled, or was stopped by "
     "the django-q2 timeout. Call heartbeat() more often than lease_seconds in long jobs."
 )
+#: How :data:`LEASE_EXPIRED` begins (see :func:`_next_group`).
+LEASE_EXPIRED_START = LEASE_EXPIRED.split("{", 1)[0]
 NOT_STARTED = "Handed back unstarted (attempt {attempt} not counted): its chunk's worker {why}."
 SUPERSEDED_NOTE = (
     "Not retried: job #{twin} with the same unique fields was enqueued meanwhile and is "
@@ -77,16 +79,32 @@ def fenced(model: type[UniqueJob], job_id: int, attempt: int) -> QuerySet:
 
 
 class Heartbeat:
-    """Passed to ``perform()``: call it to extend the lease; it raises when the lease is lost."""
+    """Passed to ``perform()``: call it to extend the lease; it raises when the lease is lost.
 
-    def __init__(self, model: type[UniqueJob], job_id: int, attempt: int) -> None:
+    With ``jobs_per_statement`` > 1 it also extends the leases of the jobs started with
+    this one (*mates*) that are still the worker's, so that a long job does not let them
+    expire while they wait for their turn or for their success to be recorded.
+    """
+
+    def __init__(
+        self,
+        model: type[UniqueJob],
+        job_id: int,
+        attempt: int,
+        mates: Sequence[tuple[int, int]] = (),
+    ) -> None:
         self.model = model
         self.job_id = job_id
         self.attempt = attempt
+        self.mates = mates
+        self.renewed_at: float | None = None  # when a call last extended the leases
 
     def __call__(self) -> None:
         """Extend the lease by ``lease_seconds`` from now; raise :class:`LeaseLost` if gone."""
         leases(self.model).heartbeat(self.job_id, self.attempt)
+        if self.mates:
+            JobTable(self.model).renew(self.mates)
+        self.renewed_at = time.monotonic()
 
 
 def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> bool:
@@ -108,51 +126,103 @@ def execute_chunk(
 ) -> list[JobOutcome]:
     """Run a chunk's jobs, (id, attempt) pairs, one after another; always returns.
 
-    Each job is started, performed and recorded on its own, as if it were alone, in one
-    statement per job: marking a job processed starts the next one
-    (:meth:`JobTable.step`), and the chunk's rows are read once. Once the monotonic
-    *deadline* has passed, the jobs not started yet are handed back (:func:`give_back`)
-    for dispatch to start again, so one task never holds a worker for long.
+    Each job is performed and its outcome recorded on its own. The statements are
+    shared: one starts the next ``jobs_per_statement`` jobs (1 by default) and marks the
+    previous ones that succeeded processed (:meth:`JobTable.steps`); a failure is
+    recorded at once. The chunk's rows are read once. Once the monotonic *deadline* has
+    passed, the jobs not started yet are handed back (:func:`give_back`) for dispatch to
+    start again, so one task never holds a worker for long.
     """
     label = model._meta.label
     table = JobTable(model)
     worker = worker_identity()
     rows = table.model._default_manager.using(table.alias).in_bulk([pk for pk, _ in chunk])
-    outcomes: list[JobOutcome] = []
-    done: tuple[int, int] | None = None  # performed; marked processed with the next start
-    result = None  # what the job that is done returned, as its result_field stores it
+    outcomes: list[JobOutcome | None] = []  # in the chunk's order; None: not recorded yet
+    done: list[tuple[int, int, object]] = []  # performed; marked processed with the next start
+    done_at: list[int] = []  # where each of them goes in outcomes
 
-    def record_done(finished: bool) -> None:
-        outcomes.append(JobOutcome.PROCESSED if finished else _late(model, *done))
+    def record_done(finished: set[int]) -> None:
+        for (pk, attempt, _), at in zip(done, done_at, strict=True):
+            outcomes[at] = JobOutcome.PROCESSED if pk in finished else _late(model, pk, attempt)
+        done.clear()
+        done_at.clear()
 
-    for index, (job_id, attempt) in enumerate(chunk):
+    renew_after = table.options.lease_seconds / 3
+    index = 0
+    while index < len(chunk):
         if index and time.monotonic() >= deadline:
             give_back(model, chunk[index:], why="ran out of time")
             break
-        finished, started = table.step(done, (job_id, attempt), worker, result)
-        if done is not None:
-            record_done(finished)
-            done = None
-        job = rows.get(job_id)
-        if not started or job is None:
-            logger.info("%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt)
-            outcomes.append(JobOutcome.SKIPPED)
-            continue
-        job.attempt = attempt
-        try:
-            returned = job.perform(Heartbeat(model, job_id, attempt))
-            result = stored_result(table, returned)
-        except LeaseLost:
-            logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
-            outcomes.append(JobOutcome.LEASE_LOST)
-        except Exception as exc:
-            error, permanent = describe(exc), isinstance(exc, PermanentFailure)
-            outcomes.append(retry_or_fail(model, job_id, attempt, error, permanent=permanent))
-        else:
-            done = (job_id, attempt)
-    if done is not None:
-        record_done(table.step(done, None, worker, result)[0])
-    return outcomes
+        group = _next_group(chunk, index, table.options.jobs_per_statement, rows)
+        index += len(group)
+        finished, started = table.steps(done, group, worker)
+        record_done(finished)
+        renewed = time.monotonic()  # the group's leases were extended just now
+        ours = [(pk, attempt) for pk, attempt in group if pk in started and pk in rows]
+        for job_id, attempt in group:
+            job = rows.get(job_id)
+            if (job_id, attempt) not in ours:
+                logger.info(
+                    "%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt
+                )
+                outcomes.append(JobOutcome.SKIPPED)
+                continue
+            mates = [pair for pair in ours if pair != (job_id, attempt)]
+            if mates and time.monotonic() - renewed >= renew_after:
+                # The group waited long for this job (a long one before it): make sure
+                # its lease is still ours before running it.
+                kept = table.renew([(job_id, attempt), *mates])
+                renewed = time.monotonic()
+                ours = [pair for pair in ours if pair[0] in kept]
+                if job_id not in kept:
+                    logger.warning(
+                        "%s #%s lost its lease while waiting in its group; not run.",
+                        label,
+                        job_id,
+                    )
+                    outcomes.append(JobOutcome.LEASE_LOST)
+                    continue
+                mates = [pair for pair in ours if pair != (job_id, attempt)]
+            job.attempt = attempt
+            beat = Heartbeat(model, job_id, attempt, mates)
+            try:
+                returned = job.perform(beat)
+                result = stored_result(table, returned)
+            except LeaseLost:
+                logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
+                outcomes.append(JobOutcome.LEASE_LOST)
+                ours.remove((job_id, attempt))
+            except Exception as exc:
+                error, permanent = describe(exc), isinstance(exc, PermanentFailure)
+                outcomes.append(retry_or_fail(model, job_id, attempt, error, permanent=permanent))
+                ours.remove((job_id, attempt))
+            else:
+                done.append((job_id, attempt, result))
+                done_at.append(len(outcomes))
+                outcomes.append(None)
+            finally:
+                renewed = max(renewed, beat.renewed_at or renewed)
+    if done:
+        record_done(table.steps(done, [], worker)[0])
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _next_group(
+    chunk: Sequence[tuple[int, int]], index: int, size: int, rows: dict[int, UniqueJob]
+) -> list[tuple[int, int]]:
+    """The jobs that one statement starts: up to *size* from *index* on. A job whose last
+    attempt ended with its lease lost (its worker died, maybe because of it) runs in a
+    group of its own, so that a crash it causes again costs no other job an attempt."""
+    group: list[tuple[int, int]] = []
+    for pair in chunk[index:]:
+        job = rows.get(pair[0])
+        alone = size > 1 and job is not None and job.last_error.startswith(LEASE_EXPIRED_START)
+        if alone and group:
+            break
+        group.append(pair)
+        if alone or len(group) >= size:
+            break
+    return group
 
 
 def stored_result(table: JobTable, returned: object) -> object:
