@@ -38,17 +38,24 @@ ERROR_LIMIT = 4000
 CUT = "…"
 
 
-_identity: tuple[int, str] = (0, "")  # (pid, "host:pid"), made once per process
+_identity = ""  # "host:pid", made once per process (forgotten in a forked child)
 
 
 def worker_identity() -> str:
-    """``host:pid`` of this process (the host name is read once per process: a task
-    records it per attempt, and reading it is a system call)."""
+    """``host:pid`` of this process, made once per process: a task records it on every
+    attempt, and reading the host name and the pid are system calls."""
     global _identity
-    pid = os.getpid()
-    if _identity[0] != pid:
-        _identity = (pid, f"{socket.gethostname()}:{pid}")
-    return _identity[1]
+    if not _identity:
+        _identity = f"{socket.gethostname()}:{os.getpid()}"
+    return _identity
+
+
+def _forget_identity() -> None:
+    global _identity
+    _identity = ""
+
+
+os.register_at_fork(after_in_child=_forget_identity)
 
 
 def clip(error: str, limit: int = ERROR_LIMIT) -> str:

@@ -219,11 +219,13 @@ def test_the_concurrency_limit_holds_under_load():
     assert JobRun.objects.filter(kind="uniqueapp.ThrottledJob").count() == jobs
 
 
-def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
-    """SIGKILL of the worker running the first job of a chunk: that job's attempt is
-    lost (it runs again as attempt 2); the job waiting behind it in the chunk goes back
-    unstarted and runs once, as attempt 1; every other job runs once."""
-    with qcluster("unique-chunk-crash") as cluster:
+def run_a_chunk_that_kills_its_worker(
+    name: str, **env: str
+) -> tuple[KeyedJob, KeyedJob, list[KeyedJob]]:
+    """Eight keyed jobs through a real qcluster (with *env*): the first of the first chunk
+    SIGKILLs its worker on attempt 1, the second waits behind it in that chunk. Waits
+    until all eight are processed; returns (the crashing job, the one behind, the rest)."""
+    with qcluster(name, **env) as cluster:
         with transaction.atomic():  # concurrency 4 over 2 workers: chunks of 2
             crash, _ = KeyedJob.enqueue(key="crash", note="crash")
             behind, _ = KeyedJob.enqueue(key="behind")
@@ -234,6 +236,14 @@ def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
             return KeyedJob.objects.filter(state=JobState.PROCESSED).count() == 8
 
         wait_until(settled, timeout=90, interval=0.2, watch=[cluster], describe=states(KeyedJob))
+    return crash, behind, others
+
+
+def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
+    """SIGKILL of the worker running the first job of a chunk: that job's attempt is
+    lost (it runs again as attempt 2); the job waiting behind it in the chunk goes back
+    unstarted and runs once, as attempt 1; every other job runs once."""
+    crash, behind, others = run_a_chunk_that_kills_its_worker("unique-chunk-crash")
     runs = sorted(JobRun.objects.values_list("job_id", "attempt"))
     assert runs == sorted(
         [(crash.pk, 1), (crash.pk, 2), (behind.pk, 1), *((job.pk, 1) for job in others)]
@@ -250,17 +260,9 @@ def test_a_worker_killed_mid_group_costs_each_job_started_with_it_an_attempt():
     of them ran cannot be known) and run again alone; the job behind the crash runs
     once, as attempt 2; every other job runs once."""
     options = json.dumps({"uniqueapp.KeyedJob": {"jobs_per_statement": 2}})
-    with qcluster("unique-group-crash", OUTBOX_TEST_KIND_OPTIONS=options) as cluster:
-        with transaction.atomic():  # concurrency 4 over 2 workers: chunks of 2
-            crash, _ = KeyedJob.enqueue(key="crash", note="crash")
-            behind, _ = KeyedJob.enqueue(key="behind")
-            others = [KeyedJob.enqueue(key=f"k{n}")[0] for n in range(6)]
-
-        def settled() -> bool:
-            dispatch(KeyedJob)  # plays the schedule: rescues the dead worker's leases
-            return KeyedJob.objects.filter(state=JobState.PROCESSED).count() == 8
-
-        wait_until(settled, timeout=90, interval=0.2, watch=[cluster], describe=states(KeyedJob))
+    crash, behind, others = run_a_chunk_that_kills_its_worker(
+        "unique-group-crash", OUTBOX_TEST_KIND_OPTIONS=options
+    )
     runs = sorted(JobRun.objects.values_list("job_id", "attempt"))
     assert runs == sorted(
         [(crash.pk, 1), (crash.pk, 2), (behind.pk, 2), *((job.pk, 1) for job in others)]

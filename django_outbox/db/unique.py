@@ -399,11 +399,7 @@ class JobTable:
         finish_pairs = [(pk, attempt) for pk, attempt, _ in finishes] or [(None, None)]
         start_pairs = list(starts) or [(None, None)]
         finish_ids = [pk for pk, _ in finish_pairs]
-
-        def listed(count: int, item: str = "%s") -> str:
-            return ", ".join([item] * count)
-
-        done = f"id IN ({listed(len(finish_ids))})"
+        done = f"id IN ({_placeholders(len(finish_ids))})"
         extra, extra_params = "", []
         if self.options.result_field:
             column = self.columns([self.options.result_field])[0]
@@ -426,7 +422,7 @@ class JobTable:
             f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
             f"started_at = CASE WHEN {done} THEN started_at ELSE {now} END, "
             f"worker = CASE WHEN {done} THEN worker ELSE %s END{extra} "
-            f"WHERE id IN ({listed(len(finish_pairs) + len(start_pairs))}) "
+            f"WHERE id IN ({_placeholders(len(finish_pairs) + len(start_pairs))}) "
             f"AND CASE WHEN {done} THEN state = %s AND {_fence(finish_pairs)} "
             f"ELSE state = %s AND {_fence(start_pairs)} AND started_at IS NULL END "
             f"RETURNING id{flush}"
@@ -464,7 +460,7 @@ class JobTable:
         expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
         rows = self._rows(
             f"UPDATE {self.table} SET lease_expires_at = {expiry} "
-            f"WHERE id IN ({', '.join(['%s'] * len(jobs))}) "
+            f"WHERE id IN ({_placeholders(len(jobs))}) "
             f"AND CASE WHEN id IS NOT NULL THEN state = %s AND {_fence(jobs)} END "
             "RETURNING id",
             [
@@ -475,6 +471,10 @@ class JobTable:
             ],
         )
         return {int(row[0]) for row in rows}
+
+
+def _placeholders(count: int) -> str:
+    return ", ".join(["%s"] * count)
 
 
 def _fence(jobs: Sequence[tuple[Any, Any]]) -> str:

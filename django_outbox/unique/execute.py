@@ -138,14 +138,13 @@ def execute_chunk(
     worker = worker_identity()
     rows = table.model._default_manager.using(table.alias).in_bulk([pk for pk, _ in chunk])
     outcomes: list[JobOutcome | None] = []  # in the chunk's order; None: not recorded yet
-    done: list[tuple[int, int, object]] = []  # performed; marked processed with the next start
-    done_at: list[int] = []  # where each of them goes in outcomes
+    done: dict[int, tuple[int, int, object]] = {}  # outcome slot -> (id, attempt, result)
+    # of the jobs performed, marked processed by the next statement
 
     def record_done(finished: set[int]) -> None:
-        for (pk, attempt, _), at in zip(done, done_at, strict=True):
+        for at, (pk, attempt, _) in done.items():
             outcomes[at] = JobOutcome.PROCESSED if pk in finished else _late(model, pk, attempt)
         done.clear()
-        done_at.clear()
 
     renew_after = table.options.lease_seconds / 3
     index = 0
@@ -155,7 +154,7 @@ def execute_chunk(
             break
         group = _next_group(chunk, index, table.options.jobs_per_statement, rows)
         index += len(group)
-        finished, started = table.steps(done, group, worker)
+        finished, started = table.steps(list(done.values()), group, worker)
         record_done(finished)
         renewed = time.monotonic()  # the group's leases were extended just now
         ours = [(pk, attempt) for pk, attempt in group if pk in started and pk in rows]
@@ -167,11 +166,10 @@ def execute_chunk(
                 )
                 outcomes.append(JobOutcome.SKIPPED)
                 continue
-            mates = [pair for pair in ours if pair != (job_id, attempt)]
-            if mates and time.monotonic() - renewed >= renew_after:
+            if len(ours) > 1 and time.monotonic() - renewed >= renew_after:
                 # The group waited long for this job (a long one before it): make sure
                 # its lease is still ours before running it.
-                kept = table.renew([(job_id, attempt), *mates])
+                kept = table.renew(ours)
                 renewed = time.monotonic()
                 ours = [pair for pair in ours if pair[0] in kept]
                 if job_id not in kept:
@@ -182,9 +180,8 @@ def execute_chunk(
                     )
                     outcomes.append(JobOutcome.LEASE_LOST)
                     continue
-                mates = [pair for pair in ours if pair != (job_id, attempt)]
             job.attempt = attempt
-            beat = Heartbeat(model, job_id, attempt, mates)
+            beat = Heartbeat(model, job_id, attempt, [p for p in ours if p != (job_id, attempt)])
             try:
                 returned = job.perform(beat)
                 result = stored_result(table, returned)
@@ -197,13 +194,12 @@ def execute_chunk(
                 outcomes.append(retry_or_fail(model, job_id, attempt, error, permanent=permanent))
                 ours.remove((job_id, attempt))
             else:
-                done.append((job_id, attempt, result))
-                done_at.append(len(outcomes))
+                done[len(outcomes)] = (job_id, attempt, result)
                 outcomes.append(None)
             finally:
                 renewed = max(renewed, beat.renewed_at or renewed)
     if done:
-        record_done(table.steps(done, [], worker)[0])
+        record_done(table.steps(list(done.values()), [], worker)[0])
     return [outcome for outcome in outcomes if outcome is not None]
 
 
