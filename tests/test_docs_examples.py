@@ -67,3 +67,28 @@ def test_the_tutorial_delivers_every_activity_with_the_inline_runner(
             import_string(task["func"])(*task["args"], **task["kwargs"])
         assert ArchivedEvent.objects.filter(stream="marketing").count() == 1000
         assert not OutboxGroup.objects.exists()
+
+
+# --8<-- [start:testing]
+@pytest.mark.django_db
+def test_an_activity_of_a_lead_without_email_becomes_a_dead_letter():
+    from marketing.models import Lead
+    from marketing.services import record_activity
+
+    stream = {
+        "HANDLER": "tests.docs_examples.tutorial_outbox.sync_activities",
+        "MODEL": "marketing.ContactActivityEvent",
+        "MAX_ATTEMPTS": 1,  # no retries in the test
+    }
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"marketing": stream}}):
+        record_activity(Lead.objects.create(name="Bo", email="bo@example.com"), "call")
+        record_activity(Lead.objects.create(name="No Email", email=""), "call")
+
+        run_inline(["marketing"], until_empty=True)  # the pipeline, in this process
+
+    archived = ArchivedEvent.objects.filter(stream="marketing")
+    assert sorted(archived.values_list("outcome", flat=True)) == ["done", "failed"]
+    assert archived.get(outcome="failed").error == "no email address"
+
+
+# --8<-- [end:testing]

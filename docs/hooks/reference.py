@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,9 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "starting with a letter or digit.",
     ("global", "ARCHIVE_RETENTION_DAYS"): "days archived `done` rows are kept (`outbox_prune`)",
     ("global", "ARCHIVE_FAILED_RETENTION_DAYS"): "days dead letters are kept, for replay",
-    ("global", "STAGING"): "staged jobs: [`STAGING` options](#staging)",
-    ("global", "IDEMPOTENCY"): "idempotency keys: [`IDEMPOTENCY` options](#idempotency)",
+    ("global", "STAGING"): "staged jobs: [`STAGING` options](reference/settings.md#staging)",
+    ("global", "IDEMPOTENCY"): "idempotency keys: [`IDEMPOTENCY` "
+    "options](reference/settings.md#idempotency)",
     ("global", "PRUNE_EVERY_MINUTES"): "interval of the `django_outbox:prune` schedule",
     ("global", "METRICS_TOKEN"): "bearer token accepted by the metrics view (besides users "
     "with `view_streamstate`); at least 16 characters",
@@ -73,7 +75,7 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "jittered to 80–100 %)",
     ("stream", "BACKOFF_MAX_SECONDS"): "cap of the backoff; at least `BACKOFF_SECONDS`",
     ("stream", "LEASE_SECONDS"): "lease of a claimed or running group; `heartbeat()` and "
-    "`AUTO_HEARTBEAT` extend it ([choosing it](../how-to/leases-and-timeouts.md))",
+    "`AUTO_HEARTBEAT` extend it ([choosing it](how-to/leases-and-timeouts.md))",
     ("stream", "HANDOFF_SECONDS"): "with a broker that can lose jobs (Redis): how long a "
     "queued group waits for its run job before it is handed over again (with the ORM broker "
     "on our database the job commits with the group and `LEASE_SECONDS` applies)",
@@ -85,7 +87,7 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("stream", "ON_EXHAUSTED"): "dotted path of `hook(batch, error)`, run before a group's "
     "rows become dead letters",
     ("stream", "ISOLATE_FAILURES"): "split a group that fails as a whole in halves until the "
-    "bad row is alone ([failure isolation](../how-to/failures-and-dead-letters.md))",
+    "bad row is alone ([failure isolation](how-to/failures-and-dead-letters.md))",
     ("stream", "AUTO_HEARTBEAT"): "extend a running group's lease every `LEASE_SECONDS / 3` "
     "from a thread of the worker while its handler runs",
     ("stream", "ARCHIVE_RETENTION_DAYS"): "this stream's own retention of archived `done` "
@@ -118,14 +120,19 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("kind", "backoff_seconds"): "base of the exponential retry delay (jitter 0.8–1×)",
     ("kind", "backoff_max_seconds"): "cap of the retry delay",
     ("kind", "concurrency"): "jobs of the kind running or queued on django-q2 at once; a "
-    "chunk of n jobs counts n",
+    "chunk of n jobs counts n (its jobs run one at a time, so at most `concurrency` jobs "
+    "perform at once, usually fewer)",
     ("kind", "chunk_size"): "most jobs in one django-q2 task; dispatch makes chunks of "
     "`min(chunk_size, ceil(concurrency / workers))`",
     ("kind", "jobs_per_statement"): "jobs of a chunk started by one statement, whose "
     "successes the next one records: fewer statements for short jobs, at a price on crashes "
-    "(every job started with the one running loses an attempt)",
+    "(every job started with the one running loses an attempt). The group's leases run "
+    "from its statement: a job that waited in its group for a third of `lease_seconds` has "
+    "them checked and extended first; a heartbeat extends the leases of the jobs started "
+    "with its own",
     ("kind", "priority_field"): "a non-null integer field of the kind: among ready jobs, "
-    "higher values start first",
+    "higher values start first (equal ones in the kind's `ordering`); related jobs still "
+    "follow `ordering`",
     ("kind", "result_field"): "a `JSONField(null=True)` of the kind: what `perform()` "
     "returns is stored there; a value that is not JSON fails the job",
     ("kind", "workers_field"): 'a `TextField(default="")` of the kind: every attempt '
@@ -198,7 +205,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
 def _checks_of(table: str, option: Any) -> str:
     ids = [i for i in (option.check, option.maximum_check) if i]
     ids += [i for i in CUSTOM_CHECKS.get((table, option.name), ()) if i not in ids]
-    return ", ".join(f"[{i}](checks.md#{i.lower()})" for i in ids)
+    return ", ".join(f"[{i}](reference/checks.md#{i.lower()})" for i in ids)
 
 
 def render_options(table: str, *, defaults: dict[str, Any] | None = None) -> str:
@@ -385,6 +392,11 @@ def hints_in_code() -> dict[str, list[str]]:
     return hints
 
 
+def _escape(text: str) -> str:
+    """Plain text as Markdown: brackets, stars and underscores taken literally."""
+    return re.sub(r"([\\\[\]*_<>])", r"\\\1", text)
+
+
 def render_checks() -> str:
     ids = check_ids_in_code()
     missing = sorted(ids - set(CHECK_DOCS))
@@ -400,7 +412,7 @@ def render_checks() -> str:
         level = "Error" if check.startswith("E") else "Warning"
         out.append(f"### {check}\n\n`django_outbox.{check}` ({level}): {CHECK_DOCS[check]}.\n")
         for hint in hints.get(check, []):
-            out.append(f"- *Hint:* {hint}")
+            out.append(f"- *Hint:* {_escape(hint)}")
         out.append("")
     return "\n".join(out)
 
@@ -534,17 +546,27 @@ RENDERERS = {
 }
 
 
-def render(markdown: str) -> str:
-    """*markdown* with every reference marker replaced by its table."""
+LINK = re.compile(r"\]\(([a-z-]+/[a-z-]+\.md(?:#[a-z0-9-]*)?)\)")
+
+
+def render(markdown: str, page: str = "reference/settings.md") -> str:
+    """*markdown* with every reference marker replaced by its table.
+
+    Links in the tables are written from the docs root; they are made relative to
+    *page* (the page's path under docs/).
+    """
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in RENDERERS:
             raise ReferenceDrift(f"unknown reference marker {name!r}")
-        return RENDERERS[name]()
+        here = posixpath.dirname(page) or "."
+        return LINK.sub(
+            lambda link: f"]({posixpath.relpath(link.group(1), here)})", RENDERERS[name]()
+        )
 
     return MARKER.sub(replace, markdown)
 
 
-def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    return render(markdown)
+def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+    return render(markdown, page.file.src_uri)

@@ -16,6 +16,7 @@ def tasks_available() -> bool:
     return apps.is_installed("django_outbox.tasks_backend")
 
 
+# --8<-- [start:enqueue]
 def publish_post(blog: Blog, title: str) -> Post:
     """Save a post and ask for its blog's feed rebuild in the same transaction.
 
@@ -25,6 +26,9 @@ def publish_post(blog: Blog, title: str) -> Post:
         post = Post.objects.create(blog=blog, title=title)
         RebuildBlogFeed.enqueue(blog=blog)
     return post
+
+
+# --8<-- [end:enqueue]
 
 
 def publish_and_notify(blog: Blog, title: str) -> tuple[Post, Any]:
