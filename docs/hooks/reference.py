@@ -523,6 +523,7 @@ def metric_families() -> list[tuple[str, str, list[str]]]:
 
 
 def render_metrics() -> str:
+    _django()
     rows = ["| metric | labels | meaning |", "|---|---|---|"]
     for name, help_text, labels in metric_families():
         shown = ", ".join(f"`{label}`" for label in labels)
