@@ -10,15 +10,16 @@ import io
 
 import pytest
 from django.core.management import call_command
+from django.db import transaction
 from django.test import override_settings
 from django.utils.module_loading import import_string
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from django_outbox.checks import check_settings
-from django_outbox.models import ArchivedEvent, OutboxGroup
+from django_outbox.models import ArchivedEvent, OutboxGroup, StagedJob
 from django_outbox.run import run_inline
-from tests.docs_examples import tutorial_outbox, tutorial_settings, tutorial_verify
+from tests.docs_examples import jobs, staging, tutorial_outbox, tutorial_settings, tutorial_verify
 
 HANDLER = "tests.docs_examples.tutorial_outbox.sync_activities"
 
@@ -92,3 +93,33 @@ def test_an_activity_of_a_lead_without_email_becomes_a_dead_letter():
 
 
 # --8<-- [end:testing]
+
+
+def run_queued_django_q_tasks() -> None:
+    """Run what django-q2's ORM queue holds, as a cluster's worker would, and empty it."""
+    for row in OrmQ.objects.all():
+        task = SignedPackage.loads(row.payload)
+        import_string(task["func"])(*task["args"], **task["kwargs"])
+        row.delete()
+
+
+@pytest.mark.django_db
+@override_settings(DJANGO_OUTBOX={"STAGING": {"ALLOWED_MODULES": ["tests.docs_examples.jobs"]}})
+def test_the_staged_jobs_guide_stages_on_commit_only(django_capture_on_commit_callbacks):
+    jobs.DONE.clear()
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        staging.sign_up("Gone", "gone@example.com")
+        raise Rollback
+    assert not OrmQ.objects.exists() and not StagedJob.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        lead = staging.sign_up("Ada", "ada@example.com")
+    run_queued_django_q_tasks()
+
+    assert sorted(jobs.DONE) == [("charge", lead.pk), ("welcome", lead.pk)]
+    delayed = StagedJob.objects.get()  # the feedback request waits three days
+    assert delayed.func.endswith("ask_for_feedback")
