@@ -31,6 +31,7 @@ def publish_post(blog: Blog, title: str) -> Post:
 # --8<-- [end:enqueue]
 
 
+# --8<-- [start:notify]
 def publish_and_notify(blog: Blog, title: str) -> tuple[Post, Any]:
     """:func:`publish_post`, and on Django 6.0+ enqueue ``notify_followers`` (a ``@task``)
     in the same transaction: the post and its task commit together, or neither does.
@@ -44,3 +45,6 @@ def publish_and_notify(blog: Blog, title: str) -> tuple[Post, Any]:
         from blogs.tasks import notify_followers
 
         return post, notify_followers.enqueue(post.pk)
+
+
+# --8<-- [end:notify]
