@@ -54,13 +54,16 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("global", "METRICS_TOKEN"): "bearer token accepted by the metrics view (besides users "
     "with `view_streamstate`); at least 16 characters",
     ("global", "DISPATCH_ON_COMMIT"): "who dispatches the unique jobs (and `django.tasks` "
-    'tasks) a transaction enqueued, right after its commit: `"inline"`, the committing '
-    'thread (a dispatch transaction of its own, 1 to 2 ms of the request); `"thread"`, a '
+    "tasks) a transaction enqueued, right after its commit: `\"inline\"`, the committing "
+    "thread (a dispatch transaction of its own, 1 to 2 ms of the request); `\"thread\"`, a "
     "worker: the commit wakes a dispatcher thread of the process, which gathers kicks for "
-    "10 ms and sends each kind one django-q2 task that dispatches in the worker taking it "
-    "(none while the kind is at its concurrency). The thread closes its connections when "
-    "idle and hands over what is left at interpreter exit; a process killed first leaves "
-    "it to the kind's schedule",
+    "10 ms and sends each kind one django-q2 task (`run_unique_jobs` with no jobs; none "
+    "while the kind is at its concurrency) that dispatches in the worker taking it and runs "
+    "the chunk it keeps there. The request writes nothing more than its rows; the task "
+    "passes through the broker as a dispatched chunk would. The thread keeps its "
+    "connections while kicks come, closes them when idle and hands over what is left at "
+    "interpreter exit (a process killed first leaves it to the kind's schedule, as any lost "
+    "kick)",
     # a stream
     ("stream", "HANDLER"): "**required.** Dotted path of `handler(batch) -> None | BatchResult`",
     ("stream", "MODEL"): "the buffer model (`app_label.Model`, a `BufferEvent` subclass). A "
@@ -134,7 +137,8 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "higher values start first (equal ones in the kind's `ordering`); related jobs still "
     "follow `ordering`",
     ("kind", "result_field"): "a `JSONField(null=True)` of the kind: what `perform()` "
-    "returns is stored there; a value that is not JSON fails the job",
+    "returns is stored there, by the statement that marks the job processed; a value that "
+    "is not JSON fails the job at once",
     ("kind", "workers_field"): 'a `TextField(default="")` of the kind: every attempt '
     "appends its worker (`host:pid`), one per line",
     ("kind", "nullable_keys"): "allow nullable unique fields: a job whose key holds a NULL "
