@@ -33,6 +33,7 @@ class Post(models.Model):
         return self.title
 
 
+# --8<-- [start:kind]
 class RebuildBlogFeed(UniqueJob):
     """Rebuild one blog's feed. Ten posts published in a burst need one rebuild, not ten.
 
@@ -61,3 +62,6 @@ class RebuildBlogFeed(UniqueJob):
         ]
         heartbeat()  # still ours: write the feed
         Blog.objects.filter(pk=self.blog_id).update(feed=feed, feed_built_at=Now())
+
+
+# --8<-- [end:kind]

@@ -16,6 +16,7 @@ def tasks_available() -> bool:
     return apps.is_installed("django_outbox.tasks_backend")
 
 
+# --8<-- [start:enqueue]
 def publish_post(blog: Blog, title: str) -> Post:
     """Save a post and ask for its blog's feed rebuild in the same transaction.
 
@@ -27,6 +28,10 @@ def publish_post(blog: Blog, title: str) -> Post:
     return post
 
 
+# --8<-- [end:enqueue]
+
+
+# --8<-- [start:notify]
 def publish_and_notify(blog: Blog, title: str) -> tuple[Post, Any]:
     """:func:`publish_post`, and on Django 6.0+ enqueue ``notify_followers`` (a ``@task``)
     in the same transaction: the post and its task commit together, or neither does.
@@ -40,3 +45,6 @@ def publish_and_notify(blog: Blog, title: str) -> tuple[Post, Any]:
         from blogs.tasks import notify_followers
 
         return post, notify_followers.enqueue(post.pk)
+
+
+# --8<-- [end:notify]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# --8<-- [start:task]
 from django.db.models.functions import Now
 from django.tasks import task
 
@@ -15,3 +16,6 @@ def notify_followers(post_id: int) -> dict:
         followers_notified_at=Now()
     )
     return {"post": post_id, "notified": bool(notified)}
+
+
+# --8<-- [end:task]

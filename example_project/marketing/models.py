@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# --8<-- [start:models]
 from django.db import models
 
 from django_outbox.models import BufferEvent
@@ -43,6 +44,9 @@ class ContactActivityEvent(BufferEvent):
     activity = models.ForeignKey(
         ContactActivity, on_delete=models.CASCADE, db_index=False, related_name="+"
     )
+
+
+# --8<-- [end:models]
 
 
 class ApiRequest(models.Model):

@@ -8,12 +8,16 @@ from django_outbox.staging import stage_task
 from marketing.models import ContactActivity, ContactActivityEvent, Lead
 
 
+# --8<-- [start:record_activity]
 def record_activity(lead: Lead, kind: str, comment: str = "") -> ContactActivity:
     """Save the activity; its sync to the marketing service happens later, in bulk."""
     with transaction.atomic():
         activity = ContactActivity.objects.create(lead=lead, kind=kind, comment=comment)
         ContactActivityEvent.objects.create(activity=activity)
     return activity
+
+
+# --8<-- [end:record_activity]
 
 
 def sign_up_lead(name: str, email: str) -> Lead:

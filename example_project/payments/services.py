@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+# --8<-- [start:transfer]
 from django_outbox.idempotency import idempotent
 from django_outbox.locking import lock_rows, retry_on_conflict
 from payments.models import Account, Transfer
@@ -36,3 +37,6 @@ def transfer_funds(request_id: str, source_id: int, target_id: int, amount: int)
         request_id=request_id, source=source, target=target, amount=amount
     )
     return {"transfer": transfer.pk, "source_balance": source.balance}
+
+
+# --8<-- [end:transfer]

@@ -24,10 +24,12 @@ class Migration(migrations.Migration):
                 ("note", models.CharField(blank=True, max_length=100)),
             ],
         ),
+        # --8<-- [start:trigger]
         PublishTrigger(
             "purchase",
             stream="audit",
             fields=["id", "customer", "amount"],
-            on=["insert", "update", "delete"],
+            on=["insert", "update", "delete"],  # default: ["insert"]
         ),
+        # --8<-- [end:trigger]
     ]
