@@ -32,6 +32,7 @@ not be JSON, only the fact that the work was done is kept.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,19 @@ from django_outbox.models import IdempotencyKey
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 255
 SCOPE_MAX = 200
+
+
+def function_scope(prefix: str, path: str) -> str:
+    """The scope of the keys of the function at dotted *path*: ``<prefix>:<path>``.
+
+    A scope longer than ``SCOPE_MAX`` names the function by the SHA-256 of its path
+    instead (``<prefix>:sha256:<hex>``), so any function path of up to 255 characters
+    has a scope, and still one of its own.
+    """
+    scope = f"{prefix}:{path}"
+    if len(scope) > SCOPE_MAX:
+        scope = f"{prefix}:sha256:{hashlib.sha256(path.encode()).hexdigest()}"
+    return scope
 
 
 @dataclass
