@@ -53,16 +53,17 @@ KEY_MAX = 255
 SCOPE_MAX = 200
 
 
-def function_scope(prefix: str, path: str) -> str:
+def function_scope(path: str, prefix: str = "") -> str:
     """The scope of the keys of the function at dotted *path*: ``<prefix>:<path>``.
 
-    A scope longer than ``SCOPE_MAX`` names the function by the SHA-256 of its path
-    instead (``<prefix>:sha256:<hex>``), so any function path of up to 255 characters
-    has a scope, and still one of its own.
+    Without *prefix* the scope is the path itself (the decorator's default). A scope
+    longer than ``SCOPE_MAX`` names the function by the SHA-256 of its path instead
+    (``<prefix>:sha256:<hex>``), so any function path has a scope, and one of its own.
     """
-    scope = f"{prefix}:{path}"
+    head = f"{prefix}:" if prefix else ""
+    scope = f"{head}{path}"
     if len(scope) > SCOPE_MAX:
-        scope = f"{prefix}:sha256:{hashlib.sha256(path.encode()).hexdigest()}"
+        scope = f"{head}sha256:{hashlib.sha256(path.encode()).hexdigest()}"
     return scope
 
 
@@ -101,7 +102,7 @@ class idempotent:
     # -- decorator ------------------------------------------------------------------
 
     def __call__(self, func: F) -> F:
-        scope = self.scope or f"{func.__module__}.{func.__qualname__}"
+        scope = self.scope or function_scope(f"{func.__module__}.{func.__qualname__}")
         signature = inspect.signature(func)
 
         @functools.wraps(func)

@@ -348,7 +348,7 @@ def caller_scope(func: str) -> str:
     The same key staged for two functions guards two effects, and no caller key can meet
     the drainer's own ``staged:<id>`` keys, which live in :data:`GUARD_SCOPE` itself.
     """
-    return function_scope(GUARD_SCOPE, func)
+    return function_scope(func, GUARD_SCOPE)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
 def _call(call: Callable[..., Any], args: list[Any], record: TaskRecord) -> Any:
     if not record.idempotency_key:
         return _json(call(*args, **record.kwargs))
-    scope = function_scope(IDEMPOTENCY_PREFIX, record.task_path)
+    scope = function_scope(record.task_path, IDEMPOTENCY_PREFIX)
     with idempotent(record.idempotency_key, scope=scope) as guard:
         if not guard.done:
             guard.result = _json(call(*args, **record.kwargs))
