@@ -397,13 +397,16 @@ class StagedJobAdmin(ReadOnlyAdmin):
         description="Forward now (due or not, kept with an error or not)", permissions=["forward"]
     )
     def forward_now(self, request: HttpRequest, queryset: QuerySet[StagedJob]) -> None:
-        result = requeue(list(queryset.values_list("id", flat=True)))
-        level = messages.WARNING if result.kept else messages.SUCCESS
+        ids = list(queryset.values_list("id", flat=True))
+        result = requeue(ids)
+        busy = len(ids) - result.forwarded - result.kept
+        notes = [f"{result.kept} kept with an error"] if result.kept else []
+        notes += [f"{busy} running now, left alone"] if busy else []
         self.message_user(
             request,
             f"{result.forwarded} job(s) handed to django-q2"
-            + (f"; {result.kept} kept with an error." if result.kept else "."),
-            level,
+            + (f"; {'; '.join(notes)}." if notes else "."),
+            messages.WARNING if notes else messages.SUCCESS,
         )
 
 

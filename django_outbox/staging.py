@@ -433,9 +433,16 @@ def requeue(ids: list[int]) -> DrainResult:
 
     Their error, forward count and delay are cleared first, so a row kept after
     ``MAX_FORWARDS`` forwards starts again from one; a row the drainer still cannot
-    forward (a function gone from the allow-list…) is kept again with its error.
+    forward (a function gone from the allow-list…) is kept again with its error. A row
+    whose job runs now is left alone (PostgreSQL: skipped, never waited for).
     """
-    StagedJob.objects.using(_alias()).filter(id__in=ids).update(
-        run_after=None, forwarded_at=None, forward_count=0, last_error=""
-    )
-    return drain(ids=ids, limit=max(len(ids), 1))
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        rows = StagedJob.objects.using(alias).filter(id__in=ids)
+        free = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
+        StagedJob.objects.using(alias).filter(id__in=free).update(
+            run_after=None, forwarded_at=None, forward_count=0, last_error=""
+        )
+    if not free:
+        return DrainResult(0, 0, 0.0)
+    return drain(ids=free, limit=len(free), using=alias)

@@ -453,7 +453,7 @@ def test_a_delivery_that_dies_mid_job_leaves_its_row_for_the_next_forward(lossy_
 
 @pytest.mark.postgres
 def test_a_running_job_is_not_forwarded_again_and_a_second_delivery_returns_at_once(
-    lossy_broker,
+    lossy_broker, admin_client
 ):
     import threading
 
@@ -481,6 +481,13 @@ def test_a_running_job_is_not_forwarded_again_and_a_second_delivery_returns_at_o
             second.start()
             second.join(30)
             assert not second.is_alive()  # no wait for the running job's locks
+            response = admin_client.post(
+                "/admin/django_outbox/stagedjob/",
+                {"action": "forward_now", "_selected_action": [staged_id]},
+                follow=True,
+            )
+            assert running.is_alive()  # the operator got an answer while the job runs
+            assert "1 running now, left alone" in response.content.decode()
             assert StagedJob.objects.get(id=staged_id).forward_count == 1
         finally:
             jobs.RELEASED.set()
