@@ -44,7 +44,7 @@ from django_outbox.process import exhaust_group
 from django_outbox.replay import replay_failed
 from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import set_paused
-from django_outbox.staging import drain
+from django_outbox.staging import requeue
 from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
 
 #: How many rows a filter's choices are read from and a text search looks through
@@ -377,10 +377,15 @@ class StagedJobAdmin(ReadOnlyAdmin):
         "created_at",
         "run_after",
         "forwarded_at",
+        "forward_count",
         "idempotency_key",
         "last_error",
     )
-    list_filter = (("run_after", admin.EmptyFieldListFilter), recent_values_filter("func", "func"))
+    list_filter = (
+        ("run_after", admin.EmptyFieldListFilter),
+        ("last_error", admin.EmptyFieldListFilter),
+        recent_values_filter("func", "func"),
+    )
     search_fields = ("=id",)
     text_search_fields = ("func", "idempotency_key")
     ordering = ("id",)
@@ -388,17 +393,20 @@ class StagedJobAdmin(ReadOnlyAdmin):
 
     has_forward_permission = _has("forward_stagedjob")
 
-    @admin.action(description="Forward now (due or not)", permissions=["forward"])
+    @admin.action(
+        description="Forward now (due or not, kept with an error or not)", permissions=["forward"]
+    )
     def forward_now(self, request: HttpRequest, queryset: QuerySet[StagedJob]) -> None:
-        ids = list(queryset.filter(last_error="").values_list("id", flat=True))
-        StagedJob.objects.filter(id__in=ids).update(run_after=None, forwarded_at=None)
-        result = drain(ids=ids, limit=max(len(ids), 1))
-        level = messages.WARNING if result.kept else messages.SUCCESS
+        ids = list(queryset.values_list("id", flat=True))
+        result = requeue(ids)
+        busy = len(ids) - result.forwarded - result.kept
+        notes = [f"{result.kept} kept with an error"] if result.kept else []
+        notes += [f"{busy} running now, left alone"] if busy else []
         self.message_user(
             request,
             f"{result.forwarded} job(s) handed to django-q2"
-            + (f"; {result.kept} kept with an error." if result.kept else "."),
-            level,
+            + (f"; {'; '.join(notes)}." if notes else "."),
+            messages.WARNING if notes else messages.SUCCESS,
         )
 
 

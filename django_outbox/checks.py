@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
-from django.db import connections
+from django.db import connections, router
 from django.utils.module_loading import import_string
 
+from django_outbox import transport
 from django_outbox.conf import (
     GLOBAL_OPTIONS,
     IDEMPOTENCY_OPTIONS,
@@ -22,11 +24,12 @@ from django_outbox.conf import (
     STAGING_OPTIONS,
     STREAM_NAME,
     STREAM_OPTIONS,
+    StagingConfig,
     raw_settings,
 )
 from django_outbox.db.dialect import supported
-from django_outbox.models import BufferEvent, OutboxEvent
-from django_outbox.options import OptionTable, Problem, is_positive_int
+from django_outbox.models import BufferEvent, OutboxEvent, StagedJob
+from django_outbox.options import OptionTable, Problem, is_positive_int, is_positive_number
 from django_outbox.transport import cluster_options
 
 
@@ -169,6 +172,44 @@ def _check_staging(options: Any) -> list[CheckMessage]:
                 id="django_outbox.E056",
             )
         )
+    errors.extend(_check_redelivery(where, merged))
+    return errors
+
+
+def _check_redelivery(where: str, merged: dict[str, Any]) -> list[CheckMessage]:
+    """``REDELIVER_SECONDS`` above the timeout of every cluster a staged job may run on.
+
+    With a broker that can lose jobs (not django-q2's ORM broker on the staged jobs'
+    database) a row still there ``REDELIVER_SECONDS`` after its forward is forwarded
+    again: only after django-q2's ``timeout`` is a delivery surely over (run, failed or
+    killed), so a shorter wait forwards jobs that still wait in a cluster or run there,
+    each forward counted against ``MAX_FORWARDS``.
+    """
+    redeliver = merged["REDELIVER_SECONDS"]
+    staging = StagingConfig.from_options(merged)
+    if not (staging.enabled and is_positive_int(redeliver)):
+        return []
+    if transport.in_transaction_hand_off(router.db_for_write(StagedJob)):
+        return []
+    q_cluster = getattr(settings, "Q_CLUSTER", {})
+    alt = q_cluster.get("ALT_CLUSTERS") if isinstance(q_cluster, dict) else None
+    clusters = [None, *(sorted(alt) if isinstance(alt, dict) else [])]
+    errors: list[CheckMessage] = []
+    for cluster in clusters:
+        timeout = (cluster_options(cluster) or {}).get("timeout")
+        if is_positive_number(timeout) and redeliver <= timeout:
+            label = f"cluster {cluster!r}" if cluster else "Q_CLUSTER"
+            errors.append(
+                Error(
+                    f"{where}['REDELIVER_SECONDS'] ({redeliver}) does not exceed the "
+                    f"django-q2 timeout ({timeout}) of {label}.",
+                    hint="Raise REDELIVER_SECONDS above the longest timeout of the clusters "
+                    "staged jobs run on, or lower that timeout: with a broker that can lose "
+                    "jobs, a staged job is forwarded again after REDELIVER_SECONDS, and only "
+                    "after the timeout is its delivery surely over.",
+                    id="django_outbox.E057",
+                )
+            )
     return errors
 
 

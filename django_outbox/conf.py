@@ -104,7 +104,9 @@ STAGING_OPTIONS = OptionTable(
     Option("EVERY_MINUTES", 1, POSITIVE_INT, "E052"),
     Option("DRAIN_SECONDS", 30, POSITIVE_INT, "E052"),  # below the cluster's timeout: E056
     Option("FORWARD_ON_COMMIT", True, BOOL, "E053"),
-    Option("REDELIVER_SECONDS", 300, POSITIVE_INT, "E052"),  # Redis &c.: a lost job's rescue
+    # Redis &c.: a lost job's rescue, after the clusters' timeout (E057), at most MAX_FORWARDS
+    Option("REDELIVER_SECONDS", 300, POSITIVE_INT, "E052"),
+    Option("MAX_FORWARDS", 5, POSITIVE_INT, "E052"),
     Option("CLUSTER", None, CLUSTER, "E055"),
 )
 
@@ -128,7 +130,7 @@ GLOBAL_OPTIONS = OptionTable(
         "E038",
         hint="Give the number of days dead letters are kept for replay, for example 90.",
     ),
-    Option("STAGING", {}),  # STAGING_OPTIONS: E050 to E056
+    Option("STAGING", {}),  # STAGING_OPTIONS: E050 to E057
     Option("IDEMPOTENCY", {}),  # IDEMPOTENCY_OPTIONS: E050 to E053
     Option(
         "PRUNE_EVERY_MINUTES",
@@ -221,6 +223,7 @@ class StagingConfig:
     forward_on_commit: bool
     cluster: str | None
     redeliver_seconds: int = 300
+    max_forwards: int = 5
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> StagingConfig:

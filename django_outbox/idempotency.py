@@ -32,6 +32,7 @@ not be JSON, only the fact that the work was done is kept.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,20 @@ from django_outbox.models import IdempotencyKey
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 255
 SCOPE_MAX = 200
+
+
+def function_scope(path: str, prefix: str = "") -> str:
+    """The scope of the keys of the function at dotted *path*: ``<prefix>:<path>``.
+
+    Without *prefix* the scope is the path itself (the decorator's default). A scope
+    longer than ``SCOPE_MAX`` names the function by the SHA-256 of its path instead
+    (``<prefix>:sha256:<hex>``), so any function path has a scope, and one of its own.
+    """
+    head = f"{prefix}:" if prefix else ""
+    scope = f"{head}{path}"
+    if len(scope) > SCOPE_MAX:
+        scope = f"{head}sha256:{hashlib.sha256(path.encode()).hexdigest()}"
+    return scope
 
 
 @dataclass
@@ -87,7 +102,7 @@ class idempotent:
     # -- decorator ------------------------------------------------------------------
 
     def __call__(self, func: F) -> F:
-        scope = self.scope or f"{func.__module__}.{func.__qualname__}"
+        scope = self.scope or function_scope(f"{func.__module__}.{func.__qualname__}")
         signature = inspect.signature(func)
 
         @functools.wraps(func)

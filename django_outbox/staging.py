@@ -7,12 +7,14 @@ transaction:
 * with django-q2's ORM broker on the same database the jobs are inserted into its queue
   table in that transaction, so each committed job reaches the queue exactly once;
 * with another broker (Redis…) the jobs are pushed before the transaction commits, and
-  the rows stay (stamped ``forwarded_at``) until their job has run: a crash before the
-  commit, or a job the broker loses afterwards (a restart, a cluster killed with jobs it
-  had fetched), is pushed again after ``REDELIVER_SECONDS``. Such jobs run through
-  :func:`run_staged`, whose idempotency guard keyed on the staged job makes a duplicate
-  delivery a no-op and deletes the row with the job's effects, so the effect happens
-  once.
+  the rows stay (stamped ``forwarded_at``, counted in ``forward_count``) until their job
+  has run: a crash before the commit, or a job the broker loses afterwards (a restart, a
+  cluster killed with jobs it had fetched), is pushed again after ``REDELIVER_SECONDS``,
+  up to ``MAX_FORWARDS`` times; then the row is kept with an error for an operator. Such
+  jobs run through :func:`run_staged`, which holds the row while the job runs (the
+  drainer skips it, and a second delivery returns at once) and deletes it with the
+  job's effects, behind an idempotency guard keyed on the staged job, so the effect
+  happens once.
 
 A job staged with ``idempotency_key=`` always runs through the guard, keyed on that key,
 whatever the broker. With ``FORWARD_ON_COMMIT`` (the default) a job due now reaches
@@ -24,7 +26,6 @@ drainer (schedule or ``manage.py outbox_drain``) remains the guarantee.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 import re
@@ -44,10 +45,11 @@ from django_outbox.conf import outbox_settings
 from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
-from django_outbox.idempotency import SCOPE_MAX, idempotent
+from django_outbox.idempotency import function_scope, idempotent
 from django_outbox.jsondata import dumps_or
 from django_outbox.models import StagedJob
 from django_outbox.oncommit import on_commit_once
+from django_outbox.options import is_positive_int
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
 logger = logging.getLogger("django_outbox")
@@ -56,14 +58,15 @@ RUNNER = "django_outbox.tasks.run_staged"
 GUARD_SCOPE = "django_outbox.staged"
 #: django-q2 task options a staged job may carry (``q_options=``).
 Q_OPTIONS = ("cluster", "timeout", "group", "hook", "save", "task_name", "ack_failure")
-#: The type each option must have (``save`` and ``ack_failure`` booleans, the rest not).
-Q_OPTION_TYPES: dict[str, tuple[type, ...]] = {
-    "cluster": (str,),
-    "timeout": (int, float),
-    "group": (str,),
-    "save": (bool,),
-    "task_name": (str,),
-    "ack_failure": (bool,),
+#: The test each option must pass and what it must be, for the message. ``timeout`` ends
+#: in django-q2's ``signal.alarm``, which takes whole seconds (0 would mean no timeout).
+Q_OPTION_TESTS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "cluster": (lambda value: isinstance(value, str), "str"),
+    "timeout": (is_positive_int, "a positive int (whole seconds)"),
+    "group": (lambda value: isinstance(value, str), "str"),
+    "save": (lambda value: isinstance(value, bool), "bool"),
+    "task_name": (lambda value: isinstance(value, str), "str"),
+    "ack_failure": (lambda value: isinstance(value, bool), "bool"),
 }
 #: The form of the drainer's own guard keys; a caller's key may not take it.
 INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
@@ -130,12 +133,9 @@ def check_options(q_options: Any) -> dict[str, Any]:
             f"Unknown django-q2 options for a staged job: {', '.join(unknown)}. "
             f"Known: {', '.join(Q_OPTIONS)}."
         )
-    for name, kinds in Q_OPTION_TYPES.items():
+    for name, (test, expected) in Q_OPTION_TESTS.items():
         value = q_options.get(name)
-        if value is not None and not (
-            isinstance(value, kinds) and isinstance(value, bool) == (bool in kinds)
-        ):
-            expected = " or ".join(kind.__name__ for kind in kinds)
+        if value is not None and not test(value):
             raise StagingError(f"q_options[{name!r}] must be {expected}, not {value!r}.")
     if q_options.get("hook") is not None:
         q_options = {**q_options, "hook": task_path(q_options["hook"], what="hook")}
@@ -251,21 +251,27 @@ def drain(
             # A broker outside this transaction (Redis…) can lose a job after the commit:
             # the rows stay until their job has run, and every job runs behind a guard.
             keep = not transport.in_transaction_hand_off(alias)
-            taken = sql.take_due(limit, ids, redeliver_seconds=staging.redeliver_seconds, keep=keep)
+            taken = sql.take_due(
+                limit,
+                ids,
+                redeliver_seconds=staging.redeliver_seconds,
+                keep=keep,
+                max_forwards=staging.max_forwards,
+                exhausted_error=exhausted_error(staging.max_forwards),
+            )
             jobs, kept = [], 0
             for row in taken:
+                if row.last_error:  # forwarded MAX_FORWARDS times: kept by take_due
+                    kept += 1
+                    _log_kept(row, row.last_error)
+                    continue
                 try:
                     jobs.append(_job(row, keep))
                 except Exception as exc:  # one bad row never holds back the others
                     error = str(exc) if isinstance(exc, StagingError) else repr(exc)
                     sql.keep_with_error(row, error)
                     kept += 1
-                    logger.error(
-                        "Staged job %s kept in the table: %s",
-                        row.id,
-                        exc,
-                        extra={"staged_job": row.id, "func": row.func},
-                    )
+                    _log_kept(row, error)
             transport.submit(jobs, alias=alias, send_now=True)
         return len(jobs), kept
 
@@ -284,6 +290,25 @@ def drain(
             using=alias,
         )
     return DrainResult(forwarded, kept, seconds)
+
+
+def exhausted_error(max_forwards: int) -> str:
+    """The ``last_error`` of a row forwarded ``MAX_FORWARDS`` times that is due again."""
+    return (
+        f"Forwarded {max_forwards} times (STAGING['MAX_FORWARDS']) and never ran to the "
+        "end: each delivery was lost by the broker, killed its worker (a crash, django-q2's "
+        "timeout) or did not reach run_staged. Kept and not forwarded again: fix the cause, "
+        "then forward it again (admin: staged jobs, 'Forward now')."
+    )
+
+
+def _log_kept(row: sql.TakenJob, error: str) -> None:
+    logger.error(
+        "Staged job %s kept in the table: %s",
+        row.id,
+        error,
+        extra={"staged_job": row.id, "func": row.func},
+    )
 
 
 def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
@@ -323,11 +348,7 @@ def caller_scope(func: str) -> str:
     The same key staged for two functions guards two effects, and no caller key can meet
     the drainer's own ``staged:<id>`` keys, which live in :data:`GUARD_SCOPE` itself.
     """
-
-    scope = f"{GUARD_SCOPE}:{func}"
-    if len(scope) > SCOPE_MAX:
-        scope = f"{GUARD_SCOPE}:sha256:{hashlib.sha256(func.encode()).hexdigest()}"
-    return scope
+    return function_scope(func, GUARD_SCOPE)
 
 
 @dataclass(frozen=True)
@@ -369,29 +390,59 @@ def run_staged(
 ) -> Any:
     """Run a forwarded staged job once per *key* in *scope*, however often it is delivered.
 
-    With *staged_id* (a broker that can lose jobs), the staged row is deleted in the
-    guard's transaction, with the job's effects: until then the drainer hands the job
-    over again every ``REDELIVER_SECONDS``. A job that raises deletes its row too (it
-    failed as a django-q2 task, as with any broker). Jobs forwarded before keys had
-    scopes of their own carry four arguments and keep the scope they were guarded in.
+    With *staged_id* (a broker that can lose jobs), the job holds its staged row from
+    start to end and deletes it in the same transaction, with the job's effects: until
+    then the drainer hands the job over again every ``REDELIVER_SECONDS`` (at most
+    ``MAX_FORWARDS`` times), but never while it runs. A delivery that finds the row gone
+    (the job ran) or held (it runs now, elsewhere) returns at once, without waiting for
+    any lock. A job that raises deletes its row too (it failed as a django-q2 task, as
+    with any broker). Jobs forwarded before keys had scopes of their own carry four
+    arguments and keep the scope they were guarded in.
     """
 
     target = import_string(task_path(func))
-    try:
-        with idempotent(key=key, scope=scope, store_result=False) as guard:
-            if guard.done:
-                logger.info("Staged job %s already ran; this delivery is skipped.", key)
-                result = None
-            else:
-                result = target(*args, **kwargs)
-            _ran(staged_id)
-            return result
-    except Exception:
-        _ran(staged_id)
-        raise
-
-
-def _ran(staged_id: int | None) -> None:
-    """Delete the kept row of a job that ran (nothing for rows the drainer deleted)."""
-    if staged_id is not None:
+    if staged_id is None:
+        return _guarded(target, key, scope, args, kwargs)
+    failure: Exception | None = None
+    with transaction.atomic(using=_alias()):
+        if not sql.hold(staged_id):
+            logger.info("Staged job %s ran already or runs now: delivery skipped.", staged_id)
+            return None
+        try:
+            result = _guarded(target, key, scope, args, kwargs)
+        except Exception as exc:  # its effects are rolled back; the row goes all the same
+            failure = exc
         StagedJob.objects.using(_alias()).filter(id=staged_id).delete()
+    if failure is not None:
+        raise failure
+    return result
+
+
+def _guarded(
+    target: Callable[..., Any], key: str, scope: str, args: list[Any], kwargs: dict[str, Any]
+) -> Any:
+    with idempotent(key=key, scope=scope, store_result=False) as guard:
+        if guard.done:
+            logger.info("Staged job %s already ran; this delivery is skipped.", key)
+            return None
+        return target(*args, **kwargs)
+
+
+def requeue(ids: list[int]) -> DrainResult:
+    """Forward the staged jobs *ids* now: due or not, kept with an error or not.
+
+    Their error, forward count and delay are cleared first, so a row kept after
+    ``MAX_FORWARDS`` forwards starts again from one; a row the drainer still cannot
+    forward (a function gone from the allow-list…) is kept again with its error. A row
+    whose job runs now is left alone (PostgreSQL: skipped, never waited for).
+    """
+    alias = _alias()
+    with transaction.atomic(using=alias):
+        rows = StagedJob.objects.using(alias).filter(id__in=ids)
+        free = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
+        StagedJob.objects.using(alias).filter(id__in=free).update(
+            run_after=None, forwarded_at=None, forward_count=0, last_error=""
+        )
+    if not free:
+        return DrainResult(0, 0, 0.0)
+    return drain(ids=free, limit=len(free), using=alias)

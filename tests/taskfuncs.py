@@ -69,3 +69,15 @@ def outlive_lease(seconds: float) -> bool:
     time.sleep(seconds)  # the task's work: longer than lease_seconds
     running = TaskRecord.objects.get(task_path=f"{__name__}.outlive_lease", state="running")
     return running.lease_expires_at > database_now()
+
+
+def _charge_long(order: str) -> dict:
+    effect = JobEffect.objects.create(label="charge-long", value=order)
+    return {"charge": effect.pk}
+
+
+#: A task whose path (``tests.taskfuncs.`` and this name) has 230 characters: as a task's
+#: path may, and longer than an idempotency scope once ``django.tasks:`` comes before it.
+LONG_NAME = "charge_" + "x" * 207
+_charge_long.__name__ = _charge_long.__qualname__ = LONG_NAME
+globals()[LONG_NAME] = charge_long = task(_charge_long)

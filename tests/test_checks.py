@@ -15,6 +15,7 @@ from django.db import connection
 from django.db.utils import ConnectionHandler
 from django.test import override_settings
 
+from django_outbox import transport
 from django_outbox.admin import register_stream_buffers
 from django_outbox.checks import check_django_q, check_sqlite_transactions
 from django_outbox.conf import get_stream
@@ -785,7 +786,7 @@ def test_unknown_staging_option_is_e051():
                 "django_outbox.E051",
                 "DJANGO_OUTBOX['STAGING'] has unknown options: BATCH.",
                 "Known options: ALLOWED_MODULES, BATCH_SIZE, CLUSTER, DRAIN_SECONDS, "
-                "EVERY_MINUTES, FORWARD_ON_COMMIT, REDELIVER_SECONDS.",
+                "EVERY_MINUTES, FORWARD_ON_COMMIT, MAX_FORWARDS, REDELIVER_SECONDS.",
             )
         ]
 
@@ -796,6 +797,8 @@ def test_unknown_staging_option_is_e051():
         ("STAGING", "BATCH_SIZE", 0),
         ("STAGING", "EVERY_MINUTES", "1"),
         ("STAGING", "DRAIN_SECONDS", -5),
+        ("STAGING", "MAX_FORWARDS", 0),
+        ("STAGING", "MAX_FORWARDS", 2.5),
         ("IDEMPOTENCY", "RETENTION_DAYS", 0),
         ("IDEMPOTENCY", "RETENTION_DAYS", 2.5),
     ],
@@ -863,6 +866,64 @@ def test_drain_budget_not_below_the_cluster_timeout_is_e056():
                 "must end before django-q2 kills it.",
             )
         ]
+
+
+REDELIVER_HINT = (
+    "Raise REDELIVER_SECONDS above the longest timeout of the clusters staged jobs run on, "
+    "or lower that timeout: with a broker that can lose jobs, a staged job is forwarded "
+    "again after REDELIVER_SECONDS, and only after the timeout is its delivery surely over."
+)
+
+
+@pytest.fixture
+def lossy_broker(monkeypatch):
+    """A broker outside the staged jobs' transaction (Redis…): staged rows are redelivered."""
+    monkeypatch.setattr(transport, "in_transaction_hand_off", lambda alias=None: False)
+
+
+def test_redelivery_not_after_a_cluster_timeout_is_e057_with_a_broker_that_can_lose_jobs(
+    lossy_broker,
+):
+    staging = {"ALLOWED_MODULES": ["tests.testapp.jobs"], "REDELIVER_SECONDS": 300}
+    alt = {"slow": {"timeout": 900, "retry": 1000}, "quick": {"timeout": 30, "retry": 60}}
+    with override_settings(
+        DJANGO_OUTBOX={**one_stream(), "STAGING": staging},
+        Q_CLUSTER=q_cluster(timeout=300, retry=400, ALT_CLUSTERS=alt),
+    ):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E057",
+                "DJANGO_OUTBOX['STAGING']['REDELIVER_SECONDS'] (300) does not exceed the "
+                "django-q2 timeout (300) of Q_CLUSTER.",
+                REDELIVER_HINT,
+            ),
+            (
+                "django_outbox.E057",
+                "DJANGO_OUTBOX['STAGING']['REDELIVER_SECONDS'] (300) does not exceed the "
+                "django-q2 timeout (900) of cluster 'slow'.",
+                REDELIVER_HINT,
+            ),
+        ]
+
+
+def test_redelivery_after_every_cluster_timeout_passes(lossy_broker):
+    staging = {"ALLOWED_MODULES": ["tests.testapp.jobs"], "REDELIVER_SECONDS": 901}
+    alt = {"slow": {"timeout": 900, "retry": 1000}}
+    with override_settings(
+        DJANGO_OUTBOX={**one_stream(), "STAGING": staging},
+        Q_CLUSTER=q_cluster(timeout=300, retry=400, ALT_CLUSTERS=alt),
+    ):
+        assert outbox_messages() == []
+
+
+def test_redelivery_is_not_checked_where_no_staged_job_is_redelivered():
+    # django-q2's ORM broker on the staged jobs' database takes each job exactly once
+    staging = {"ALLOWED_MODULES": ["tests.testapp.jobs"], "REDELIVER_SECONDS": 300}
+    with override_settings(
+        DJANGO_OUTBOX={**one_stream(), "STAGING": staging},
+        Q_CLUSTER=q_cluster(timeout=600, retry=900),
+    ):
+        assert outbox_messages() == []
 
 
 def test_valid_staging_and_idempotency_sections_pass():

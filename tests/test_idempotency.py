@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from hashlib import sha256
 
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
 from django_outbox.exceptions import IdempotencyError
-from django_outbox.idempotency import idempotent
+from django_outbox.idempotency import SCOPE_MAX, function_scope, idempotent
 from django_outbox.models import IdempotencyKey
 from tests import procs
 from tests.testapp.models import JobEffect
@@ -118,6 +119,29 @@ def test_bad_keys_are_clear_errors(key, message):
     with pytest.raises(IdempotencyError, match=message):
         with idempotent(key=key):
             pass
+
+
+def test_a_function_whose_path_is_longer_than_a_scope_is_guarded_under_its_hash():
+    def send(n: int) -> int:
+        JobEffect.objects.create(label=f"send {n}")
+        return n
+
+    send.__qualname__ = "Mailer" + "x" * 220 + ".send"  # a path longer than SCOPE_MAX
+    guarded = idempotent(key="send:{n}")(send)
+
+    assert guarded(1) == guarded(1) == 1
+    assert effects() == ["send 1"]
+    path = f"{__name__}.{send.__qualname__}"
+    assert IdempotencyKey.objects.get().scope == f"sha256:{sha256(path.encode()).hexdigest()}"
+
+
+def test_a_function_scope_is_its_path_unless_too_long_then_its_own_hash():
+    assert function_scope("shop.tasks.charge", "django.tasks") == "django.tasks:shop.tasks.charge"
+    long_paths = [f"shop.{'x' * 240}.{name}" for name in ("charge", "refund")]
+    scopes = [function_scope(path, "django.tasks") for path in long_paths]
+    assert all(scope.startswith("django.tasks:sha256:") for scope in scopes)
+    assert all(len(scope) <= SCOPE_MAX for scope in scopes)
+    assert scopes[0] != scopes[1]
 
 
 def test_a_template_naming_an_unknown_argument_is_a_clear_error():

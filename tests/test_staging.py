@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import io
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.conf import settings
@@ -21,6 +22,7 @@ from django_outbox.exceptions import StagingError
 from django_outbox.models import StagedJob
 from django_outbox.signals import staged_jobs_forwarded
 from django_outbox.staging import drain, drain_until_empty, stage_task
+from django_outbox.status import staged_counts
 from tests.testapp import jobs
 from tests.testapp.models import JobEffect
 
@@ -167,7 +169,12 @@ def test_stage_task_accepts_the_function_itself():
         (lambda: stage_task("tests.testapp.jobs.partial_record"), "not a plain function"),
         (lambda: stage_task(RECORD, q_options={"hook": "os.system"}), "'os.system' is not in"),
         (lambda: stage_task(RECORD, q_options={"chain": [("os.system", "x")]}), "Unknown"),
-        (lambda: stage_task(RECORD, q_options={"timeout": "1"}), "'timeout'] must be int"),
+        # django-q2 hands the timeout to signal.alarm: whole seconds, and 0 means none
+        (lambda: stage_task(RECORD, q_options={"timeout": "1"}), "'timeout'] must be a positive"),
+        (lambda: stage_task(RECORD, q_options={"timeout": 2.5}), "'timeout'] must be a positive"),
+        (lambda: stage_task(RECORD, q_options={"timeout": 0}), "'timeout'] must be a positive"),
+        (lambda: stage_task(RECORD, q_options={"timeout": -3}), "'timeout'] must be a positive"),
+        (lambda: stage_task(RECORD, q_options={"timeout": True}), "'timeout'] must be a positive"),
         (lambda: stage_task(RECORD, q_options=["hook"]), "q_options must be a dict"),
         (lambda: stage_task(RECORD, idempotency_key="staged:4"), "the drainer's own keys"),
     ],
@@ -213,6 +220,7 @@ def test_a_row_that_can_no_longer_run_is_kept_with_its_error_and_skipped_later()
         ({"q_options": {"hook": "os.system"}}, "'os.system' is not in an allowed module"),
         ({"q_options": {"chain": [["os.system", ["id"]]]}}, "options for a staged job: chain"),
         ({"q_options": {"save": "yes"}}, "'save'] must be bool"),
+        ({"q_options": {"timeout": 2.5}}, "'timeout'] must be a positive int"),
         ({"func": "tests.testapp.jobs.import_string"}, "defined outside the allowed modules"),
     ],
 )
@@ -372,6 +380,121 @@ def test_forward_now_hands_a_kept_row_over_again(lossy_broker, admin_client):
             )
     assert len(captured) == 1
     assert StagedJob.objects.get(id=staged_id).forwarded_at is not None
+
+
+def max_forwards(count: int):
+    outbox = dict(settings.DJANGO_OUTBOX)
+    outbox["STAGING"] = {**outbox["STAGING"], "FORWARD_ON_COMMIT": False, "MAX_FORWARDS": count}
+    return override_settings(DJANGO_OUTBOX=outbox)
+
+
+def lose_deliveries() -> None:
+    """Make every forwarded row due again, as REDELIVER_SECONDS of waiting would."""
+    redeliver = outbox_settings().staging.redeliver_seconds
+    StagedJob.objects.filter(forwarded_at__isnull=False).update(
+        forwarded_at=timezone.now() - timedelta(seconds=redeliver + 1)
+    )
+
+
+def test_a_job_lost_max_forwards_times_is_kept_with_an_error_until_forwarded_again(
+    lossy_broker, admin_client
+):
+    with max_forwards(2):
+        staged_id = stage_task(RECORD, "killer")
+        other = stage_task(RECORD, "other")
+        for count in (1, 2):  # every delivery is lost (or kills its worker)
+            assert [job.args[-1] for job in forward()] == [staged_id, other][: 3 - count]
+            assert StagedJob.objects.get(id=staged_id).forward_count == count
+            lose_deliveries()
+            if count == 1:
+                forward(ids=[other])[0].run()  # the other job runs the second time
+
+        with transport.capture() as captured:
+            result = drain()
+        assert (result.forwarded, result.kept, list(captured)) == (0, 1, [])
+        row = StagedJob.objects.get()
+        assert (row.id, row.forward_count, row.forwarded_at is not None) == (staged_id, 2, True)
+        assert row.last_error.startswith("Forwarded 2 times (STAGING['MAX_FORWARDS']) and never")
+        assert staged_counts() == {"waiting": 0, "forwarded": 0, "kept": 1}
+        lose_deliveries()
+        assert forward() == []  # not forwarded again, not deleted: the operator decides
+        out = io.StringIO()
+        call_command("outbox_status", stdout=out)
+        assert "1 staged job(s) kept with an error and not forwarded" in out.getvalue()
+
+        with transport.capture() as captured:
+            admin_client.post(
+                "/admin/django_outbox/stagedjob/",
+                {"action": "forward_now", "_selected_action": [staged_id]},
+            )
+        row = StagedJob.objects.get()
+        assert (row.forward_count, row.last_error) == (1, "")
+        [job] = captured
+        job.run()
+
+    assert not StagedJob.objects.exists()
+    assert sorted(JobEffect.objects.values_list("label", flat=True)) == ["killer", "other"]
+
+
+def test_a_delivery_that_dies_mid_job_leaves_its_row_for_the_next_forward(lossy_broker):
+    with max_forwards(3):
+        stage_task(RECORD, "dies")
+        [job] = forward()
+        killed = mock.patch.object(JobEffect.objects, "create", side_effect=KeyboardInterrupt)
+        with killed, pytest.raises(KeyboardInterrupt):
+            job.run()  # nothing of it commits, as when its worker is killed
+        lose_deliveries()
+        [again] = forward()
+        again.run()
+
+    assert StagedJob.objects.count() == 0
+    assert list(JobEffect.objects.values_list("label", flat=True)) == ["dies"]
+
+
+@pytest.mark.postgres
+def test_a_running_job_is_not_forwarded_again_and_a_second_delivery_returns_at_once(
+    lossy_broker, admin_client
+):
+    import threading
+
+    from django.db import connection
+
+    jobs.STARTED.clear()
+    jobs.RELEASED.clear()
+    with max_forwards(5):
+        staged_id = stage_task("tests.testapp.jobs.record_when_released", "long")
+        [job] = forward()
+        lose_deliveries()  # the job runs longer than REDELIVER_SECONDS
+
+        def deliver():
+            try:
+                job.run()
+            finally:
+                connection.close()
+
+        running = threading.Thread(target=deliver)
+        running.start()
+        try:
+            assert jobs.STARTED.wait(30)
+            assert forward() == []  # held by the running job: not forwarded again
+            second = threading.Thread(target=deliver)
+            second.start()
+            second.join(30)
+            assert not second.is_alive()  # no wait for the running job's locks
+            response = admin_client.post(
+                "/admin/django_outbox/stagedjob/",
+                {"action": "forward_now", "_selected_action": [staged_id]},
+                follow=True,
+            )
+            assert running.is_alive()  # the operator got an answer while the job runs
+            assert "1 running now, left alone" in response.content.decode()
+            assert StagedJob.objects.get(id=staged_id).forward_count == 1
+        finally:
+            jobs.RELEASED.set()
+            running.join(60)
+
+    assert not StagedJob.objects.exists()
+    assert list(JobEffect.objects.values_list("label", flat=True)) == ["long"]
 
 
 # outbox_drain ----------------------------------------------------------------------------

@@ -268,6 +268,19 @@ def test_an_idempotency_key_commits_the_effect_once():
     assert one.return_value == two.return_value == {"charge": JobEffect.objects.get().pk}
 
 
+def test_an_idempotency_key_guards_a_task_whose_path_is_longer_than_a_scope():
+    path = taskfuncs.charge_long.module_path
+    assert 200 < len(path) <= 255
+    with transport.capture() as queue:
+        one = taskfuncs.charge_long.using(idempotency_key="order-1").enqueue("order-1")
+        two = taskfuncs.charge_long.using(idempotency_key="order-1").enqueue("order-1")
+        assert run_all(queue) == ["processed", "processed"]
+    assert JobEffect.objects.filter(label="charge-long").count() == 1
+    one.refresh()
+    two.refresh()
+    assert one.return_value == two.return_value == {"charge": JobEffect.objects.get().pk}
+
+
 def test_keys_are_checked():
     with pytest.raises(InvalidTask, match="unique_key must be a string of 1 to 255"):
         add.using(unique_key="x" * 256)

@@ -1,8 +1,8 @@
 """SQL of staged jobs: one INSERT to stage, one DELETE (or UPDATE) … RETURNING to take a batch.
 
 The same statements serve PostgreSQL and SQLite; only the clock expression and the
-``SKIP LOCKED`` clause (PostgreSQL: concurrent drainers take disjoint rows; SQLite:
-writers are serialized by the database lock) differ.
+``SKIP LOCKED`` clause (PostgreSQL: concurrent drainers take disjoint rows, and skip the
+row a running job holds; SQLite: writers are serialized by the database lock) differ.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ COLUMNS = (
     "idempotency_key",
     "created_at",
     "run_after",
+    "forward_count",
+    "last_error",
 )
 
 
@@ -44,6 +46,10 @@ class TakenJob:
     idempotency_key: str
     created_at: datetime
     run_after: datetime | None
+    #: Forwards to a broker that can lose jobs, this one included.
+    forward_count: int = 0
+    #: Set when the row was due again after ``max_forwards`` forwards: kept, not forwarded.
+    last_error: str = ""
 
 
 def _model():
@@ -81,14 +87,23 @@ def insert(
 
 
 def take_due(
-    limit: int, ids: Sequence[int] | None = None, *, redeliver_seconds: float, keep: bool = False
+    limit: int,
+    ids: Sequence[int] | None = None,
+    *,
+    redeliver_seconds: float,
+    keep: bool = False,
+    max_forwards: int,
+    exhausted_error: str,
 ) -> list[TakenJob]:
     """Take up to *limit* due rows in id order and return them, in one statement.
 
     Without *keep* the rows are deleted (the broker's queue commits with this
-    transaction). With *keep* they stay, stamped ``forwarded_at``: the job deletes its
-    row once it has run, and a row forwarded more than *redeliver_seconds* ago is due
-    again (its job may have been lost). Rows another drainer holds are skipped
+    transaction). With *keep* they stay, stamped ``forwarded_at`` and counted in
+    ``forward_count``: the job deletes its row once it has run, and a row forwarded more
+    than *redeliver_seconds* ago is due again (its job may have been lost). A due row
+    forwarded *max_forwards* times already is not forwarded again: it keeps its
+    ``forwarded_at`` and count and gets *exhausted_error* as its ``last_error`` (it is
+    returned with it). Rows another drainer or a running job holds are skipped
     (PostgreSQL), rows the drainer could not forward before (``last_error`` set) and rows
     not yet due are left alone. With *ids*, only those rows are considered (the
     low-latency forward after a commit).
@@ -110,19 +125,51 @@ def take_due(
         f"AND (forwarded_at IS NULL OR forwarded_at < {lost_since})"
         f"{only_ids} ORDER BY id LIMIT %s{dialect.skip_locked}"
     )
-    change = f"UPDATE {table} SET forwarded_at = {dialect.now}" if keep else f"DELETE FROM {table}"
+    if not keep:
+        change, change_params = f"DELETE FROM {table}", []
+    else:
+        # Every SET expression reads the row as it was: the three agree on its fate.
+        fresh = "forward_count < %s"
+        change = (
+            f"UPDATE {table} SET "
+            f"forwarded_at = CASE WHEN {fresh} THEN {dialect.now} ELSE forwarded_at END, "
+            f"last_error = CASE WHEN {fresh} THEN '' ELSE %s END, "
+            f"forward_count = CASE WHEN {fresh} THEN forward_count + 1 ELSE forward_count END"
+        )
+        change_params = [max_forwards, max_forwards, exhausted_error, max_forwards]
     with connection.cursor() as cursor:
-        cursor.execute(f"{change} WHERE {where} RETURNING {', '.join(COLUMNS)}", params)
+        cursor.execute(
+            f"{change} WHERE {where} RETURNING {', '.join(COLUMNS)}", change_params + params
+        )
         rows = cursor.fetchall()
     return sorted((_taken(row) for row in rows), key=lambda job: job.id)
+
+
+def hold(staged_id: int) -> bool:
+    """Lock the row of the staged job about to run, in the current transaction.
+
+    False when there is no row to run: the job ran already (its row went with its
+    effects), or a delivery running now holds it (PostgreSQL: skipped at once, never
+    waited for). On SQLite the database lock serializes the runs instead.
+    """
+    model = _model()
+    connection = connection_for(model)
+    dialect = dialect_of(connection)
+    table = connection.ops.quote_name(model._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {table} WHERE id = %s{dialect.skip_locked}", [staged_id])
+        return cursor.fetchone() is not None
 
 
 def keep_with_error(job: TakenJob, error: str) -> None:
     """Put a taken row back, unchanged but for *error*, so an operator can fix it."""
     model = _model()
     rows = model.objects.using(connection_for(model).alias)
-    if rows.filter(id=job.id).update(last_error=error, forwarded_at=None):
-        return  # a kept row (taken with keep): still there
+    # A kept row (taken with keep) is still there: its forward did not happen.
+    if rows.filter(id=job.id).update(
+        last_error=error, forwarded_at=None, forward_count=max(job.forward_count - 1, 0)
+    ):
+        return
     rows.create(
         id=job.id,
         func=job.func,
@@ -132,6 +179,7 @@ def keep_with_error(job: TakenJob, error: str) -> None:
         idempotency_key=job.idempotency_key,
         created_at=job.created_at,
         run_after=job.run_after,
+        forward_count=job.forward_count,
         last_error=error,
     )
 
@@ -149,7 +197,7 @@ def _datetime(value: Any) -> datetime | None:
 
 
 def _taken(row: Sequence[Any]) -> TakenJob:
-    id_, func, args, kwargs, options, key, created_at, run_after = row
+    id_, func, args, kwargs, options, key, created_at, run_after, forwards, error = row
     return TakenJob(
         id=int(id_),
         func=func,
@@ -159,4 +207,6 @@ def _taken(row: Sequence[Any]) -> TakenJob:
         idempotency_key=key or "",
         created_at=_datetime(created_at),
         run_after=_datetime(run_after),
+        forward_count=int(forwards or 0),
+        last_error=error or "",
     )

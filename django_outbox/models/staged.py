@@ -38,6 +38,11 @@ class StagedJob(models.Model):
         "once it has run; until then the drainer hands it over again every "
         "STAGING['REDELIVER_SECONDS'].",
     )
+    forward_count = models.PositiveIntegerField(
+        db_default=0,
+        help_text="How often the drainer handed it to a broker that can lose jobs (Redis); "
+        "after STAGING['MAX_FORWARDS'] it is kept with an error instead.",
+    )
     last_error = models.TextField(
         blank=True,
         default="",

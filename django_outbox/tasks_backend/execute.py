@@ -28,7 +28,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 from django_outbox.exceptions import LeaseLost, PermanentFailure
-from django_outbox.idempotency import idempotent
+from django_outbox.idempotency import function_scope, idempotent
 from django_outbox.lease import describe, worker_identity
 from django_outbox.tasks_backend.backend import OutboxTaskBackend, errors_of, load_task
 
@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_outbox")
 
-#: The scope of the idempotency keys of tasks: ``django.tasks:`` and the task's path.
-IDEMPOTENCY_SCOPE = "django.tasks:{path}"
+#: The scope of the idempotency keys of tasks: ``django.tasks:`` and the task's path
+#: (hashed when the two are longer than a scope may be).
+IDEMPOTENCY_PREFIX = "django.tasks"
 
 
 def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
@@ -88,7 +89,7 @@ def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
 def _call(call: Callable[..., Any], args: list[Any], record: TaskRecord) -> Any:
     if not record.idempotency_key:
         return _json(call(*args, **record.kwargs))
-    scope = IDEMPOTENCY_SCOPE.format(path=record.task_path)
+    scope = function_scope(record.task_path, IDEMPOTENCY_PREFIX)
     with idempotent(record.idempotency_key, scope=scope) as guard:
         if not guard.done:
             guard.result = _json(call(*args, **record.kwargs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,18 @@ def fail_first(label: str) -> int:
 
     if cache.add(f"fail-first:{label}", True, None):
         raise FirstDeliveryFails(label)
+    return record(label)
+
+
+#: Set once :func:`record_when_released` runs; it records only after the test sets RELEASED.
+STARTED = threading.Event()
+RELEASED = threading.Event()
+
+
+def record_when_released(label: str) -> int:
+    """A long job: wait (up to a minute) until the test releases it, then record."""
+    STARTED.set()
+    RELEASED.wait(60)
     return record(label)
 
 

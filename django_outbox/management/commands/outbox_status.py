@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.exceptions import UnknownStream
-from django_outbox.status import all_statuses
+from django_outbox.status import all_statuses, staged_counts
 
 
 class Command(BaseCommand):
@@ -49,3 +49,9 @@ class Command(BaseCommand):
                     "dead-lettered and are kept with their rows: see their last_error "
                     "(admin: groups, state dead_lettering)."
                 )
+        staged = staged_counts()
+        if staged["kept"]:
+            self.stdout.write(
+                f"{staged['kept']:,} staged job(s) kept with an error and not forwarded: see "
+                "their last_error (admin: staged jobs), fix the cause, then 'Forward now'."
+            )
