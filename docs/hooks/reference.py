@@ -107,7 +107,11 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("staging", "FORWARD_ON_COMMIT"): "hand a job due now to django-q2 right after the "
     "commit instead of leaving it to the drainer",
     ("staging", "REDELIVER_SECONDS"): "with a broker that can lose jobs (Redis): a staged "
-    "job whose row is still there this long after it was forwarded is forwarded again",
+    "job whose row is still there this long after it was forwarded is forwarded again "
+    "(never while it runs); above every cluster's `timeout` (E057)",
+    ("staging", "MAX_FORWARDS"): "with a broker that can lose jobs: a staged job forwarded "
+    "this many times that is due again is kept with an error (admin, `outbox_status`, "
+    "metrics) instead of being forwarded again; the admin's \"Forward now\" re-queues it",
     ("staging", "CLUSTER"): "django-q2 cluster that runs the drain schedule",
     # IDEMPOTENCY
     ("idempotency", "RETENTION_DAYS"): "how long a completed key is kept (the default `ttl` "
@@ -197,6 +201,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stream", "CLUSTER"): ("W002", "E041"),
     ("stream", "LEASE_SECONDS"): ("E042",),
     ("staging", "DRAIN_SECONDS"): ("E056",),
+    ("staging", "REDELIVER_SECONDS"): ("E057",),
     ("kind", "unique_fields"): ("E071", "E072", "E073"),
     ("kind", "unique_while_executing"): ("E071", "E072", "E073"),
     ("kind", "priority_field"): ("E080",),
@@ -302,11 +307,13 @@ CHECK_DOCS: dict[str, str] = {
     "`AUTO_HEARTBEAT` is off",
     "E050": "`STAGING` or `IDEMPOTENCY` is not a dict",
     "E051": "unknown `STAGING`/`IDEMPOTENCY` option",
-    "E052": "a `STAGING`/`IDEMPOTENCY` size or duration is not a positive integer",
+    "E052": "a `STAGING`/`IDEMPOTENCY` size, duration or count is not a positive integer",
     "E053": "`FORWARD_ON_COMMIT` is not a boolean",
     "E054": "`ALLOWED_MODULES` is not a list of module paths",
     "E055": '`STAGING["CLUSTER"]` is not a name or `None`',
     "E056": "`DRAIN_SECONDS` is not below the drain cluster's `timeout`",
+    "E057": "with a broker that can lose jobs, `REDELIVER_SECONDS` does not exceed the "
+    "`timeout` of `Q_CLUSTER` or of a cluster in `ALT_CLUSTERS`",
     "E070": "a kind's `class Job` has an unknown option",
     "E071": "`unique_fields`/`unique_while_executing` is not a list of field names",
     "E072": "`unique_fields`/`unique_while_executing` names a field the kind does not have",
