@@ -174,6 +174,8 @@ def _enqueue_and_end() -> None:
         KeyedJob.enqueue(key="a")
 
 
+# A multi-threaded process forks its workers, as django-q2's cluster does (Python 3.12+ warns).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_multiprocessing_child_hands_its_kinds_over_when_it_ends(thread_mode, monkeypatch):
     """``atexit`` does not run at the end of a ``multiprocessing`` child (a django-q2
     worker): the kinds it still wants are handed over all the same."""
