@@ -15,9 +15,8 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import Count, Q, QuerySet
-from django.db.models.functions import Now, TruncMinute
+from django.db.models.functions import TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -25,12 +24,12 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from django_outbox import steer
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, database_now
 from django_outbox.lease import last_line
 from django_outbox.models import (
     ArchivedEvent,
-    GroupState,
     IdempotencyKey,
     OutboxEvent,
     OutboxGroup,
@@ -40,9 +39,7 @@ from django_outbox.models import (
 )
 from django_outbox.models.buffer import buffer_models
 from django_outbox.models.unique import all_kinds
-from django_outbox.process import exhaust_group
 from django_outbox.replay import replay_failed
-from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import set_paused
 from django_outbox.staging import requeue
 from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
@@ -253,71 +250,63 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
     def short_error(self, group: OutboxGroup) -> str:
         return last_line(group.last_error)[:120]
 
-    def _due_now(
-        self, queryset: QuerySet[OutboxGroup], states: list[str], due_field: str
-    ) -> tuple[int, int, int]:
-        """Make the selected groups in *states* due now; (selected, re-enqueued, exhausted)."""
-        chosen = queryset.filter(state__in=states)
-        ids = list(chosen.values_list("id", flat=True))
-        chosen.update(**{due_field: Now() - timedelta(seconds=1)})
-        return len(ids), *self._requeue(ids)
-
-    def _requeue(self, ids: list[Any]) -> tuple[int, int]:
-        """Re-enqueue (or dead-letter, when spent) the selected groups that are due."""
-        requeued = exhausted = 0
-        chosen = OutboxGroup.objects.filter(id__in=ids)
-        for stream in sorted(set(chosen.values_list("stream", flat=True))):
-            if stream in outbox_settings().streams:
-                config = outbox_settings().stream(stream)
-                again, spent = requeue_due_groups(config, ids=ids)
-                requeued, exhausted = requeued + again, exhausted + spent
-        return requeued, exhausted
-
     @admin.action(
         description="Retry now (retrying groups; dead-lettering groups: dead-letter again)",
         permissions=["operate"],
     )
     def retry_now(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        waiting = [GroupState.RETRYING, GroupState.DEAD_LETTERING]
-        _, requeued, exhausted = self._due_now(queryset, waiting, "next_attempt_at")
+        done = steer.retry_now(queryset.values_list("id", flat=True))
         self.message_user(
             request,
-            f"{requeued} group(s) re-enqueued for their next attempt, {exhausted} dead-lettered.",
+            f"{done.requeued} group(s) re-enqueued for their next attempt, "
+            f"{done.exhausted} dead-lettered.",
         )
+        self._report_locked(request, done, "retried")
 
     @admin.action(description="Release lease (claimed or running groups)", permissions=["operate"])
     def release_lease(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        leased = [GroupState.CLAIMED, GroupState.RUNNING]
-        released, requeued, exhausted = self._due_now(queryset, leased, "lease_expires_at")
+        done = steer.release_leases(queryset.values_list("id", flat=True))
         self.message_user(
             request,
-            f"{released} lease(s) released; {requeued} group(s) re-enqueued, {exhausted} "
-            "dead-lettered (their last attempt). A worker still running one of them can no "
-            "longer finalize it.",
+            f"{done.chosen} lease(s) released; {done.requeued} group(s) re-enqueued, "
+            f"{done.exhausted} dead-lettered (their last attempt). A worker still running "
+            "one of them can no longer finalize it.",
         )
+        self._report_locked(request, done, "released")
 
     @admin.action(description="Dead-letter now", permissions=["operate"])
     def dead_letter(self, request: HttpRequest, queryset: QuerySet[OutboxGroup]) -> None:
-        rows = groups = kept = 0
         error = f"dead-lettered from the admin by {request.user.get_username()}"
-        for group_id in queryset.values_list("id", flat=True):
-            with transaction.atomic(using=connection_for(OutboxGroup).alias):
-                group = OutboxGroup.objects.select_for_update().filter(id=group_id).first()
-                if group is None or group.stream not in outbox_settings().streams:
-                    continue
-                config = outbox_settings().stream(group.stream)
-                done = exhaust_group(config, group.id, max(group.attempt, 1), error)
-                if done is None:
-                    kept += 1
-                else:
-                    rows, groups = rows + done, groups + 1
-        message = f"{groups} group(s), {rows} row(s) dead-lettered (see the archive)."
-        if kept:
+        done = steer.dead_letter(queryset.values_list("id", flat=True), error)
+        message = (
+            f"{done.dead_lettered} group(s), {done.rows} row(s) dead-lettered (see the archive)."
+        )
+        if done.kept:
             message += (
-                f" {kept} group(s) could not be dead-lettered and are kept with the error "
+                f" {done.kept} group(s) could not be dead-lettered and are kept with the error "
                 "(state dead_lettering)."
             )
-        self.message_user(request, message, messages.WARNING if kept else messages.INFO)
+        self.message_user(request, message, messages.WARNING if done.kept else messages.INFO)
+        if done.running:
+            self.message_user(
+                request,
+                f"{done.running} of them were running: their worker may still deliver their "
+                "rows (its handler runs on; only its finalize finds the group gone). Check "
+                "what was delivered before you replay them.",
+                messages.WARNING,
+            )
+        self._report_locked(request, done, "dead-lettered")
+
+    def _report_locked(self, request: HttpRequest, done: steer.Steered, verb: str) -> None:
+        if done.locked:
+            self.message_user(
+                request,
+                f"{len(done.locked)} group(s) not {verb}: a running attempt holds their row "
+                "lock (a TRANSACTIONAL handler, whose writes commit or roll back with the "
+                "group, or a finalize). Nothing was changed for them; try again once the "
+                f"attempt has ended: {', '.join(str(pk) for pk in done.locked[:10])}.",
+                messages.WARNING,
+            )
 
 
 # -- archive ---------------------------------------------------------------------------

@@ -10,6 +10,10 @@ still rescued after ``LEASE_SECONDS``. A heartbeat that finds the lease gone (ta
 over) stops; one that fails on a database error is logged and tried again at the next
 beat.
 
+A forked child starts with no beats and no thread: the parent's handlers are not its
+own to keep alive, and the parent's lock may have been held by a thread that did not
+follow the fork.
+
 ``TRANSACTIONAL`` handlers need none: their group's row is locked for the whole
 attempt, and rescue skips locked rows.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -63,6 +68,17 @@ def beating(batch: Batch) -> Iterator[None]:
     finally:
         with _lock:
             _beats.pop(token, None)
+
+
+def _forget_beats() -> None:
+    """In a forked child: no beats, a fresh lock, no thread (see the module's doc)."""
+    global _lock, _thread
+    _lock = threading.Lock()
+    _beats.clear()
+    _thread = None
+
+
+os.register_at_fork(after_in_child=_forget_beats)
 
 
 def _ensure_thread() -> None:

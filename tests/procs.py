@@ -6,6 +6,8 @@
   SIGTERM to the child itself, a bounded wait, then SIGKILL to its whole process group;
 * :func:`wait_until` polls a condition against a deadline and fails with the last
   observed state, and fails at once if a watched child died;
+* :func:`in_forked_child` runs a function in a child forked from the test process, and
+  :func:`held` holds a lock from another thread meanwhile;
 * :func:`claim_until_empty` is the body of a concurrent claimer process.
 """
 
@@ -18,7 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +206,70 @@ def wait_until(
                 f"{describe() if describe else '(no description)'}"
             )
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def held(lock: threading.Lock, while_held: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """*lock* held by another thread (which runs *while_held* holding it) during the block."""
+    taken, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            while_held()
+            taken.set()
+            done.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert taken.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(10)
+
+
+def in_forked_child(body: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Run *body* in a child forked from this process (``os.fork``); return its result.
+
+    The child inherits this process as it is, locks held by other threads included. It
+    never returns into the caller: it writes what *body* returned (JSON) or the error it
+    raised to a pipe and leaves with ``os._exit``. A child that has not finished within
+    *timeout* (stuck on a lock it inherited held) is killed and the call fails.
+    """
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # forking a process with threads is the point here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child's side, measured in the child only
+        try:
+            os.close(read)
+            try:
+                message = {"result": body()}
+            except BaseException:
+                import traceback
+
+                message = {"error": traceback.format_exc()[-4000:]}
+            os.write(write, json.dumps(message).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        wait_until(lambda: os.waitpid(pid, os.WNOHANG)[0] == pid, timeout, interval=0.01)
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError(
+            f"the forked child did not finish within {timeout:.0f}s (stuck on a lock it "
+            "inherited held?)"
+        ) from None
+    finally:
+        with os.fdopen(read, "rb") as pipe:
+            output = pipe.read()
+    message = json.loads(output or b'{"error": "the child wrote nothing"}')
+    if "error" in message:
+        raise AssertionError(f"the forked child failed:\n{message['error']}")
+    return message["result"]
 
 
 def queue_failures() -> list[str]:

@@ -192,3 +192,11 @@ if os.environ.get("OUTBOX_TEST_OUTAGE"):
                 _options[_option] = int(os.environ[_variable])
 if os.environ.get("OUTBOX_TEST_REDELIVER"):  # the cluster test: lost staged jobs, soon
     DJANGO_OUTBOX["STAGING"]["REDELIVER_SECONDS"] = int(os.environ["OUTBOX_TEST_REDELIVER"])
+
+# The dispatcher-thread test (tests/test_dispatch_thread.py) runs a cluster whose workers
+# recycle after each task, with the dispatch after a commit handed to the dispatcher
+# thread.
+if os.environ.get("OUTBOX_TEST_DISPATCH_ON_COMMIT"):
+    DJANGO_OUTBOX["DISPATCH_ON_COMMIT"] = os.environ["OUTBOX_TEST_DISPATCH_ON_COMMIT"]
+if os.environ.get("OUTBOX_TEST_Q_RECYCLE"):
+    Q_CLUSTER["recycle"] = int(os.environ["OUTBOX_TEST_Q_RECYCLE"])

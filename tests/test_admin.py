@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -10,13 +13,15 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 from django_q.models import OrmQ
 
 from django_outbox import publish_many
+from django_outbox.batch import group_leases
+from django_outbox.conf import get_stream
 from django_outbox.models import (
     ArchivedEvent,
     GroupState,
@@ -194,13 +199,15 @@ def test_machine_written_rows_cannot_be_added_changed_or_deleted(admin_client, d
     assert admin_client.post(delete, {"post": "yes"}).status_code == 403
 
 
-def act(client, model: str, action: str, pks: list) -> None:
+def act(client, model: str, action: str, pks: list) -> list[tuple[str, str]]:
+    """Run an admin action on the rows *pks*; the messages shown, as (level, text)."""
     response = client.post(
         reverse(f"admin:django_outbox_{model}_changelist"),
         {"action": action, "_selected_action": [str(pk) for pk in pks]},
         follow=True,
     )
     assert response.status_code == 200
+    return [(message.level_tag, message.message) for message in response.context["messages"]]
 
 
 def test_pause_and_resume_from_the_admin_are_obeyed_by_the_pipeline(admin_client):
@@ -269,6 +276,95 @@ def test_dead_letter_archives_the_rows_as_failed(admin_client, data):
     failed = ArchivedEvent.objects.filter(group_id=group.pk, outcome=Outcome.FAILED)
     assert failed.count() == 3
     assert failed.first().error == "dead-lettered from the admin by admin"
+
+
+def running(group: OutboxGroup) -> OutboxGroup:
+    """*group* made a running attempt with an hour of lease left."""
+    OutboxGroup.objects.filter(pk=group.pk).update(
+        state=GroupState.RUNNING, lease_expires_at=timezone.now() + timedelta(hours=1)
+    )
+    return OutboxGroup.objects.get(pk=group.pk)
+
+
+@contextlib.contextmanager
+def transactional_attempt(group: OutboxGroup) -> Iterator[None]:
+    """*group*'s row locked from another connection, as a running ``TRANSACTIONAL``
+    attempt holds it until its handler ends; the block must end while it holds it."""
+    locked, ended = threading.Event(), threading.Event()
+    gave_up = []
+
+    def attempt() -> None:
+        try:
+            with transaction.atomic():
+                group_leases(get_stream(group.stream)).lock(group.pk, group.attempt)
+                locked.set()
+                gave_up.append(not ended.wait(30))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    assert locked.wait(10)
+    try:
+        yield
+    finally:
+        ended.set()
+        thread.join(30)
+    assert gave_up == [False], "the action waited for the running attempt to end"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("action", ["release_lease", "dead_letter"])
+def test_an_action_on_a_running_transactional_attempt_answers_at_once(admin_client, data, action):
+    group = running(OutboxGroup.objects.get())
+
+    with transactional_attempt(group):
+        shown = act(admin_client, "outboxgroup", action, [group.pk])
+
+    assert shown[-1] == (
+        "warning",
+        f"1 group(s) not {'released' if action == 'release_lease' else 'dead-lettered'}: a "
+        "running attempt holds their row lock (a TRANSACTIONAL handler, whose writes commit "
+        "or roll back with the group, or a finalize). Nothing was changed for them; try "
+        f"again once the attempt has ended: {group.pk}.",
+    )
+    after = OutboxGroup.objects.values("state", "attempt", "lease_expires_at").get(pk=group.pk)
+    assert after == {
+        "state": GroupState.RUNNING,
+        "attempt": group.attempt,
+        "lease_expires_at": group.lease_expires_at,
+    }
+    assert not ArchivedEvent.objects.filter(group_id=group.pk, outcome=Outcome.FAILED).exists()
+    assert OutboxEvent.objects.filter(group_id=group.pk).count() == 3
+    assert not OrmQ.objects.exists()
+
+
+def test_dead_letter_of_a_running_group_warns_that_its_worker_may_still_deliver(admin_client, data):
+    group = running(OutboxGroup.objects.get())
+
+    shown = act(admin_client, "outboxgroup", "dead_letter", [group.pk])
+
+    assert shown == [
+        ("info", "1 group(s), 3 row(s) dead-lettered (see the archive)."),
+        (
+            "warning",
+            "1 of them were running: their worker may still deliver their rows (its handler "
+            "runs on; only its finalize finds the group gone). Check what was delivered "
+            "before you replay them.",
+        ),
+    ]
+    # The rows are kept as dead letters, for replay.
+    failed = ArchivedEvent.objects.filter(group_id=group.pk, outcome=Outcome.FAILED)
+    assert failed.count() == 3
+    assert not OutboxGroup.objects.exists()
+
+
+def test_dead_letter_of_a_waiting_group_does_not_warn(admin_client, data):
+    group = OutboxGroup.objects.get(state=GroupState.RETRYING)
+
+    shown = act(admin_client, "outboxgroup", "dead_letter", [group.pk])
+
+    assert shown == [("info", "1 group(s), 3 row(s) dead-lettered (see the archive).")]
 
 
 def test_replay_publishes_dead_letters_once(admin_client, data):

@@ -4,20 +4,30 @@ committing thread."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import override_settings
 from django.utils.module_loading import import_string
-from django_q.models import OrmQ
+from django_q.models import OrmQ, Schedule
 from django_q.signing import SignedPackage
+from django_q.tasks import async_task
 
 from django_outbox.models import JobState
 from django_outbox.unique import background
 from django_outbox.unique.dispatch import RUN, dispatch
-from tests.procs import wait_until
+from tests.procs import (
+    fail_on_queue_failures,
+    held,
+    in_forked_child,
+    log_problems,
+    log_tail,
+    qcluster,
+    wait_until,
+)
 from tests.uniqueapp.models import JobRun, KeyedJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,8 +141,71 @@ def test_at_exit_the_kinds_still_wanted_are_handed_over_by_the_exiting_thread():
         KeyedJob.objects.create(key="a")  # pending, no kick
     dispatcher = background.Dispatcher()
     dispatcher.wanted[LABEL] = None  # asked, its thread never ran
-    dispatcher.pid = background.os.getpid()
     dispatcher.flush()
     assert [(t["func"], t["args"]) for t in queued()] == [(RUN, (LABEL, []))]
     work_the_queue()
     assert KeyedJob.objects.get(key="a").state == JobState.PROCESSED
+
+
+def test_a_forked_child_starts_afresh_though_a_thread_held_the_lock_at_the_fork(thread_mode):
+    dispatcher = background.DISPATCHER
+
+    def child() -> dict:
+        inherited = list(dispatcher.wanted)
+        dispatcher.kick(LABEL)  # the parent's lock stays held in here: a fresh one
+        return {"inherited": inherited, "idle": dispatcher.idle.wait(30)}
+
+    def parent_kick_in_progress() -> None:
+        dispatcher.wanted["parents.Kind"] = None
+
+    with held(dispatcher.lock, parent_kick_in_progress):
+        try:
+            result = in_forked_child(child)
+        finally:
+            dispatcher.wanted.pop("parents.Kind", None)
+
+    assert result == {"inherited": [], "idle": True}  # the parent's kind is the parent's
+    # The child's own thread handed its kick over.
+    assert [(t["func"], t["args"]) for t in queued()] == [(RUN, (LABEL, []))]
+
+
+def _enqueue_and_end() -> None:
+    with transaction.atomic():
+        KeyedJob.enqueue(key="a")
+
+
+# A multi-threaded process forks its workers, as django-q2's cluster does (Python 3.12+ warns).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_multiprocessing_child_hands_its_kinds_over_when_it_ends(thread_mode, monkeypatch):
+    """``atexit`` does not run at the end of a ``multiprocessing`` child (a django-q2
+    worker): the kinds it still wants are handed over all the same."""
+    monkeypatch.setattr(background, "GATHER_SECONDS", 3600)  # only the exit hands over
+    connections.close_all()  # the child connects on its own
+    child = multiprocessing.get_context("fork").Process(target=_enqueue_and_end)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+
+    assert [(t["func"], t["args"]) for t in queued()] == [(RUN, (LABEL, []))]
+    work_the_queue()
+    assert KeyedJob.objects.get(key="a").state == JobState.PROCESSED
+
+
+@pytest.mark.process
+def test_a_kick_pending_when_a_worker_recycles_is_handed_over_at_once():
+    """A qcluster whose workers recycle after each task: a task enqueues a job; its kick
+    is still in the dispatcher thread when the worker ends, and reaches the cluster
+    without a schedule (there is none)."""
+    env = {"OUTBOX_TEST_DISPATCH_ON_COMMIT": "thread", "OUTBOX_TEST_Q_RECYCLE": "1"}
+    with qcluster("recycling", **env) as cluster:
+        async_task("tests.uniqueapp.workers.enqueue_and_recycle", "recycled")
+        wait_until(
+            lambda: KeyedJob.objects.filter(key="recycled", state=JobState.PROCESSED).exists(),
+            timeout=60,
+            describe=lambda: list(KeyedJob.objects.values_list("key", "state")),
+            watch=[cluster],
+            check=fail_on_queue_failures,
+        )
+        assert "stopped doing work" in log_tail(cluster)  # the worker recycled, as asked
+    assert not Schedule.objects.exists()
+    assert log_problems(cluster) == []

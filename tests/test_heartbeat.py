@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from django.db import connections
 from django.test import override_settings
 
-from django_outbox import transport
+from django_outbox import heartbeat, transport
 from django_outbox.conf import get_stream
 from django_outbox.db import database_now
 from django_outbox.models import ArchivedEvent, GroupState, OutboxGroup, Outcome
@@ -18,7 +19,7 @@ from django_outbox.process import ProcessOutcome, process_group
 from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import claim_group
 from tests.conftest import publish_unwoken
-from tests.procs import wait_until
+from tests.procs import held, in_forked_child, wait_until
 from tests.testapp import handlers
 from tests.testapp.models import HandledCall
 
@@ -103,3 +104,19 @@ def test_without_a_heartbeat_a_second_attempt_runs_and_the_first_changes_nothing
     done = ArchivedEvent.objects.filter(stream="slow", outcome=Outcome.DONE)
     assert done.count() == 5 and set(done.values_list("attempts", flat=True)) == {2}
     assert not OutboxGroup.objects.exists()
+
+
+def test_a_forked_child_beats_for_its_own_handlers_only():
+    """A child forked while a handler of the parent runs and the heartbeat thread holds
+    its lock: the child's handler gets a beat of its own, without waiting for a lock
+    no thread of the child will release, and the parent's group is not the child's."""
+
+    def batch(name: str) -> SimpleNamespace:
+        return SimpleNamespace(name=name, config=SimpleNamespace(lease_seconds=3600))
+
+    def child() -> list[str]:
+        with heartbeat.beating(batch("child's")):
+            return [beat.batch.name for beat in heartbeat._beats.values()]
+
+    with heartbeat.beating(batch("parent's")), held(heartbeat._lock):
+        assert in_forked_child(child) == ["child's"]

@@ -29,10 +29,12 @@ from django.test import override_settings
 from django_outbox import transport
 from django_outbox.db import database_now
 from django_outbox.tasks_backend import checks as backend_checks
+from django_outbox.tasks_backend import execute
 from django_outbox.tasks_backend.backend import exception_path
 from django_outbox.tasks_backend.models import TaskRecord
 from django_outbox.unique.dispatch import RUN, dispatch
 from tests import taskfuncs
+from tests.procs import held, in_forked_child
 from tests.taskfuncs import (
     add,
     async_add,
@@ -477,3 +479,17 @@ def test_a_post_that_rolls_back_takes_its_task_with_it():
             raise RuntimeError("the request failed after publishing")
         assert list(queue) == []
     assert not Post.objects.exists() and not TaskRecord.objects.exists()
+
+
+def test_a_forked_child_keeps_the_lease_of_its_own_task_only():
+    """A child forked while the parent runs a task and holds the keeper's lock: its own
+    task's lease is kept, without waiting for a lock no thread of the child releases."""
+    keeper = execute.KEEPER
+
+    def child() -> dict:
+        inherited = keeper.current
+        with keeper.keep(lambda: None, 30):
+            return {"inherited": inherited is not None, "every": keeper.current[2]}
+
+    with keeper.keep(lambda: None, 3600), held(keeper.starting):
+        assert in_forked_child(child) == {"inherited": False, "every": 10}

@@ -125,6 +125,11 @@ class _LeaseKeeper:
     POLL_SECONDS = 0.25
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh: no task, no thread (a new process, a forked child: the parent's
+        task is not the child's, and a thread of the parent may have held the lock)."""
         self.current: tuple[Callable[[], None], float, float] | None = None
         self.pid = 0
         self.starting = threading.Lock()
@@ -169,3 +174,4 @@ class _LeaseKeeper:
 
 
 KEEPER = _LeaseKeeper()
+os.register_at_fork(after_in_child=KEEPER.forget)

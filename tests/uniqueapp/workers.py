@@ -63,3 +63,20 @@ def execute_once(kind: str, job_id: int, attempt: int) -> None:
         outcome = execute_job(kind, job_id, attempt)
     print(outcome.value, flush=True)
     sys.exit(0)
+
+
+def enqueue_and_recycle(key: str) -> None:
+    """A django-q2 task: enqueue a job of *key*, in a worker that recycles after it.
+
+    The dispatch after the commit goes to the dispatcher thread
+    (``DISPATCH_ON_COMMIT = "thread"``), told here to gather kicks for an hour: only the
+    worker's exit, right after this task, can hand it over.
+    """
+    from django.db import transaction
+
+    from django_outbox.unique import background
+    from tests.uniqueapp.models import KeyedJob
+
+    background.GATHER_SECONDS = 3600
+    with transaction.atomic():
+        KeyedJob.enqueue(key=key)

@@ -1,0 +1,112 @@
+"""Steer groups by hand (the admin's actions): retry now, release a lease, dead-letter now.
+
+None of them waits for a worker: a group whose row is locked is being finalized or runs
+a ``TRANSACTIONAL`` attempt (its handler's writes and the group commit together, the row
+locked for the whole attempt). Such a group is skipped (``SKIP LOCKED``) and named in
+the result, so an operator's request answers at once instead of waiting for the handler
+to end. On SQLite, whose writers wait for each other's whole transaction, there is no
+row lock to skip: an action waits for a running ``TRANSACTIONAL`` attempt's commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from django_outbox.conf import outbox_settings
+from django_outbox.db import connection_for
+from django_outbox.models import GroupState, OutboxGroup
+from django_outbox.process import exhaust_group
+from django_outbox.rescue import requeue_due_groups
+
+
+@dataclass(frozen=True)
+class Steered:
+    """What an action did to the groups chosen."""
+
+    #: Groups in a state the action applies to, made due now (retry, release).
+    chosen: int = 0
+    #: Of those, re-enqueued for their next attempt, and dead-lettered (their last one).
+    requeued: int = 0
+    exhausted: int = 0
+    #: Dead-lettered by "dead-letter now", their rows, and those kept because
+    #: dead-lettering failed (state ``dead_lettering``, with the error).
+    dead_lettered: int = 0
+    rows: int = 0
+    kept: int = 0
+    #: Dead-lettered while a worker ran their handler (not ``TRANSACTIONAL``): it may
+    #: still deliver their rows.
+    running: int = 0
+    #: Left alone: their row is locked by a running attempt (``TRANSACTIONAL``).
+    locked: tuple[uuid.UUID, ...] = ()
+
+
+def retry_now(ids: Collection[Any]) -> Steered:
+    """Make the chosen retrying (or dead-lettering) groups due now and rescue them."""
+    return _due_now(ids, [GroupState.RETRYING, GroupState.DEAD_LETTERING], "next_attempt_at")
+
+
+def release_leases(ids: Collection[Any]) -> Steered:
+    """Expire the leases of the chosen claimed or running groups and rescue them, as
+    distribute would once they expired (a new attempt, or dead-lettered after the last).
+
+    A worker still running one of them can no longer finalize it (fenced by the attempt).
+    """
+    return _due_now(ids, [GroupState.CLAIMED, GroupState.RUNNING], "lease_expires_at")
+
+
+def dead_letter(ids: Collection[Any], error: str) -> Steered:
+    """Dead-letter the chosen groups now: their rows archived as failed, for replay.
+
+    Each group in a transaction of its own. A plain group that was running is
+    dead-lettered all the same (counted in :attr:`Steered.running`): its handler runs
+    on and may still deliver the rows, its finalize then finds the group gone.
+    """
+    dead_lettered = rows = kept = running = 0
+    locked: list[uuid.UUID] = []
+    alias = connection_for(OutboxGroup).alias
+    streams = outbox_settings().streams
+    for group_id in ids:
+        with transaction.atomic(using=alias):
+            group = (
+                OutboxGroup.objects.select_for_update(skip_locked=True).filter(id=group_id).first()
+            )
+            if group is None:
+                if OutboxGroup.objects.filter(id=group_id).exists():
+                    locked.append(group_id)
+                continue
+            if group.stream not in streams:
+                continue
+            config = outbox_settings().stream(group.stream)
+            done = exhaust_group(config, group.id, max(group.attempt, 1), error)
+        if done is None:
+            kept += 1
+            continue
+        dead_lettered, rows = dead_lettered + 1, rows + done
+        running += group.state == GroupState.RUNNING and not config.transactional
+    return Steered(
+        dead_lettered=dead_lettered, rows=rows, kept=kept, running=running, locked=tuple(locked)
+    )
+
+
+def _due_now(ids: Collection[Any], states: list[str], due_field: str) -> Steered:
+    """Make the chosen groups in *states* due now, skipping locked ones, then rescue them."""
+    with transaction.atomic(using=connection_for(OutboxGroup).alias):
+        chosen = OutboxGroup.objects.filter(id__in=list(ids), state__in=states)
+        free = set(chosen.select_for_update(skip_locked=True).values_list("id", flat=True))
+        locked = [pk for pk in chosen.values_list("id", flat=True) if pk not in free]
+        OutboxGroup.objects.filter(id__in=free).update(**{due_field: Now() - timedelta(seconds=1)})
+    requeued = exhausted = 0
+    groups = OutboxGroup.objects.filter(id__in=free)
+    for stream in sorted(set(groups.values_list("stream", flat=True))):
+        if stream in outbox_settings().streams:
+            config = outbox_settings().stream(stream)
+            again, spent = requeue_due_groups(config, ids=free)
+            requeued, exhausted = requeued + again, exhausted + spent
+    return Steered(chosen=len(free), requeued=requeued, exhausted=exhausted, locked=tuple(locked))
