@@ -61,9 +61,14 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "while the kind is at its concurrency) that dispatches in the worker taking it and runs "
     "the chunk it keeps there. The request writes nothing more than its rows; the task "
     "passes through the broker as a dispatched chunk would. The thread keeps its "
-    "connections while kicks come, closes them when idle and hands over what is left at "
-    "interpreter exit (a process killed first leaves it to the kind's schedule, as any lost "
-    "kick)",
+    "connections while kicks come and closes them when idle. When the process ends, the "
+    "exiting thread hands over the kinds still wanted, after the round the thread may be "
+    "in: at interpreter exit and at the end of a `multiprocessing` child (a django-q2 worker "
+    "that recycles, stops with its cluster or returns after a task's timeout), where "
+    "`atexit` does not run. A process killed first (SIGKILL, or the SIGTERM django-q2 sends "
+    "a timed-out worker arriving during the hand-off) leaves them to the kind's schedule, "
+    "like any lost kick. A forked child starts with a dispatcher of its own: nothing "
+    "inherited from the parent, no lock the parent's threads held",
     # a stream
     ("stream", "HANDLER"): "**required.** Dotted path of `handler(batch) -> None | BatchResult`",
     ("stream", "MODEL"): "the buffer model (`app_label.Model`, a `BufferEvent` subclass). A "
