@@ -58,7 +58,7 @@ def unstarted_predicate() -> str:
             "(((state)::text = 'pending'::text) OR ((started_at IS NULL) AND "
             "((state)::text = 'running'::text)))"
         )
-    return "(\"state\" = 'pending' OR (\"started_at\" IS NULL AND \"state\" = 'running'))"
+    return '("state" = \'pending\' OR ("started_at" IS NULL AND "state" = \'running\'))'
 
 
 @pytest.mark.django_db

@@ -68,6 +68,7 @@ def stage_of(job: UniqueJob) -> str:
         return DISPATCHED
     return str(job.state)
 
+
 #: The fields every kind has, set by django_outbox: never payload, never a unique field.
 BOOKKEEPING_FIELDS = (
     "id",
