@@ -38,7 +38,7 @@ from django_outbox.models import (
     StreamState,
 )
 from django_outbox.models.buffer import buffer_models
-from django_outbox.models.unique import all_kinds
+from django_outbox.models.unique import STAGES, all_kinds, stage_of
 from django_outbox.replay import replay_failed
 from django_outbox.runs import set_paused
 from django_outbox.staging import requeue
@@ -171,22 +171,43 @@ class OutboxEventAdmin(BufferEventAdmin):
     list_filter = (StreamFilter, ("group_id", admin.EmptyFieldListFilter))
 
 
+class StageFilter(admin.SimpleListFilter):
+    """Jobs by stage: their state, with dispatched jobs (not started) apart from running."""
+
+    title = "state"
+    parameter_name = "stage"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(stage, stage) for stage in STAGES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        stage = STAGES.get(self.value() or "")
+        return queryset if stage is None else queryset.filter(stage)
+
+
 class UniqueJobAdmin(ReadOnlyAdmin):
-    """Any unique-job kind: its jobs by state, attempt, schedule and lease."""
+    """Any unique-job kind: its jobs by state, attempt, schedule and lease.
+
+    A dispatched job that no worker started shows as *dispatched*: it still holds its
+    unique key (an enqueue of the key returns it)."""
 
     list_display = (
         "id",
-        "state",
+        "stage",
         "attempt",
         "process_after",
         "lease_expires_at",
         "finished_at",
         "short_error",
     )
-    list_filter = ("state",)
+    list_filter = (StageFilter,)
     search_fields = ("=id",)
     text_search_fields = ("last_error",)
     ordering = ("-id",)
+
+    @admin.display(description="state", ordering="state")
+    def stage(self, job: Any) -> str:
+        return stage_of(job)
 
     @admin.display(description="last error")
     def short_error(self, job: Any) -> str:

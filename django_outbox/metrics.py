@@ -99,7 +99,8 @@ class OutboxCollector:
 
         family = GaugeMetricFamily(
             "django_outbox_unique_jobs",
-            "Unique jobs per kind and state (bounded count).",
+            "Unique jobs per kind and state (dispatched: handed to a worker, not started; "
+            "bounded count).",
             labels=["kind", "state"],
         )
         for kind, state, count in unique_job_counts(self.cap):

@@ -15,13 +15,12 @@ from django_outbox.db.runs import runs_in_flight
 from django_outbox.models import (
     ArchivedEvent,
     GroupState,
-    JobState,
     OutboxGroup,
     Outcome,
     StagedJob,
     StreamState,
 )
-from django_outbox.models.unique import all_kinds
+from django_outbox.models.unique import STAGES, all_kinds
 from django_outbox.runs import effective_batch_size
 
 #: Counts stop here, so a status query never scans a huge table.
@@ -106,8 +105,9 @@ def staged_counts(cap: int = COUNT_CAP) -> dict[str, int]:
 
 
 def unique_job_counts(cap: int = COUNT_CAP) -> Iterator[tuple[str, str, int]]:
-    """(kind label, state, count stopping at *cap*) for every unique-job kind and state."""
+    """(kind label, stage, count stopping at *cap*) for every unique-job kind and stage:
+    its states, with the dispatched jobs no worker started apart from the running ones."""
     for kind in all_kinds():
-        for state in JobState.values:
-            rows = kind._default_manager.filter(state=state).values("id")[:cap]
-            yield kind._meta.label, state, rows.count()
+        for stage, match in STAGES.items():
+            rows = kind._default_manager.filter(match).values("id")[:cap]
+            yield kind._meta.label, stage, rows.count()

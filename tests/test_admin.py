@@ -129,6 +129,23 @@ def test_the_dashboard_shows_each_stream_its_chart_and_staged_jobs(admin_client,
     assert audit["status"].groups_retrying == 1
 
 
+def test_a_dispatched_job_no_worker_started_shows_as_dispatched(admin_client, data):
+    """It holds its unique key, as a pending job does: the admin tells it apart from a
+    job that runs."""
+    job = RebuildBlogFeed.objects.get()
+    assert (job.state, job.started_at) == ("running", None)  # dispatched by its commit
+    changelist = reverse("admin:blogs_rebuildblogfeed_changelist")
+
+    listed = admin_client.get(changelist).content.decode()
+    dispatched = admin_client.get(changelist, {"stage": "dispatched"}).content.decode()
+    running = admin_client.get(changelist, {"stage": "running"}).content.decode()
+    dashboard = admin_client.get(dashboard_url()).content.decode()
+
+    assert '<td class="field-stage">dispatched</td>' in listed
+    assert f"/{job.pk}/change/" in dispatched and f"/{job.pk}/change/" not in running
+    assert "pending: 0, dispatched: 1, running: 0, processed: 0, failed: 0" in dashboard
+
+
 def archived(n: int, minutes_ago: int, stream: str = "audit", **fields) -> None:
     """*n* done rows archived a second apart within the minute *minutes_ago* minutes ago."""
     minute = timezone.now().replace(second=30, microsecond=0) - timedelta(minutes=minutes_ago)

@@ -209,3 +209,27 @@ def test_a_kick_pending_when_a_worker_recycles_is_handed_over_at_once():
         assert "stopped doing work" in log_tail(cluster)  # the worker recycled, as asked
     assert not Schedule.objects.exists()
     assert log_problems(cluster) == []
+
+
+def test_chunks_a_worker_handed_on_hold_their_keys_until_started(thread_mode):
+    """The worker that takes the commit's wake dispatches: it keeps one chunk and hands
+    the others to the broker, where they wait, dispatched and not started."""
+    with transaction.atomic():
+        jobs = {key: KeyedJob.enqueue(key=key)[0] for key in "abcd"}
+    wait_until(lambda: OrmQ.objects.exists(), timeout=30)
+    assert background.DISPATCHER.idle.wait(30)
+    wake = OrmQ.objects.order_by("id").first()
+    task = SignedPackage.loads(wake.payload)
+    wake.delete()
+    import_string(task["func"])(*task["args"], **task["kwargs"])  # runs a and b
+    waiting = [pk for t in queued() for pk, _ in t["args"][1]]
+    assert waiting == [jobs["c"].pk, jobs["d"].pk]
+
+    with transaction.atomic():
+        again, created = KeyedJob.enqueue(key="c")
+    assert (again.pk, created) == (jobs["c"].pk, False)
+    assert background.DISPATCHER.idle.wait(30)
+    work_the_queue()
+
+    assert sorted(JobRun.objects.values_list("key", flat=True)) == ["a", "b", "c", "d"]
+    assert KeyedJob.objects.count() == 4

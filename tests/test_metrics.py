@@ -110,8 +110,10 @@ def test_unique_jobs_are_counted_per_kind_and_state(staff_client):
     kind = "blogs.RebuildBlogFeed"
     counts = {
         state: values[("django_outbox_unique_jobs", (("kind", kind), ("state", state)))]
-        for state in ("pending", "running", "processed", "failed")
+        for state in ("pending", "dispatched", "running", "processed", "failed")
     }
     assert sum(counts.values()) == 3
     assert counts["failed"] == 1
-    assert counts["processed"] == 0
+    # Dispatched by their commits and not started (no worker): not counted as running.
+    assert counts["dispatched"] == 2
+    assert counts["running"] == counts["processed"] == 0

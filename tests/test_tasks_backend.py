@@ -259,6 +259,55 @@ def test_a_unique_key_holds_one_pending_task_per_task_and_key():
     assert after.id != first.id
 
 
+def test_a_unique_key_absorbs_enqueues_until_a_worker_starts_the_task():
+    """Each call commits on its own, and each commit dispatches: the task handed to the
+    workers, not started yet, still answers every call of its key."""
+    with transport.capture() as queue:
+        results = [record.using(unique_key="u1").enqueue("unique-1") for _ in range(50)]
+        first = results[0]
+        assert {result.id for result in results} == {first.id}
+        assert [job.args[1] for job in queue] == [[(int(first.id), 1)]]  # dispatched once
+        fetched = record.get_result(first.id)
+        assert (fetched.status, fetched.started_at) == (TaskResultStatus.READY, None)
+        assert TaskRecord.objects.get().state == "running"  # dispatched, leased
+
+        assert run_all(queue) == ["processed"]
+        after = record.using(unique_key="u1").enqueue("unique-1")
+        assert after.id != first.id
+    assert JobEffect.objects.filter(label="unique-1").count() == 1
+    assert record.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_task_started_by_a_worker_reads_running_and_frees_its_unique_key():
+    from django_outbox.unique.execute import take_lease
+
+    with transport.capture() as queue:
+        first = record.using(unique_key="u1").enqueue("unique-1")
+        queue.clear()
+        again = record.using(unique_key="u1").enqueue("unique-1")
+        assert (again.id, again.status) == (first.id, TaskResultStatus.READY)
+        assert take_lease(TaskRecord, int(first.id), 1, "worker")  # a worker starts it
+        assert record.get_result(first.id).status == TaskResultStatus.RUNNING
+        newer = record.using(unique_key="u1").enqueue("unique-1")
+    assert newer.id != first.id
+    assert record.get_result(newer.id).status == TaskResultStatus.READY
+
+
+def test_a_unique_key_dispatched_by_the_schedule_absorbs_the_next_enqueue():
+    """No dispatch after the commit (the kind at its concurrency, or no commit hook): the
+    scheduled dispatch hands the task over, and it still holds its key."""
+    later = database_now() + timedelta(hours=1)
+    with transport.capture() as queue:
+        first = record.using(unique_key="u1", run_after=later).enqueue("unique-1")
+        assert not queue  # not due: its commit dispatched nothing
+        TaskRecord.objects.update(process_after=Now())
+        assert dispatch(TaskRecord).dispatched == 1  # what the schedule does
+        again = record.using(unique_key="u1").enqueue("unique-1")
+        assert again.id == first.id and again.status == TaskResultStatus.READY
+        assert run_all(queue) == ["processed"]
+    assert JobEffect.objects.filter(label="unique-1").count() == 1
+
+
 def test_an_idempotency_key_commits_the_effect_once():
     with transport.capture() as queue:
         one = charge.using(idempotency_key="order-1").enqueue("order-1")
@@ -438,6 +487,15 @@ def test_tasks_are_counted_in_the_metrics_and_listed_in_the_admin(admin_client):
     changelist = admin_client.get(reverse("admin:django_outbox_tasks_taskrecord_changelist"))
     assert changelist.status_code == 200
     assert "tests.taskfuncs.fail" in changelist.content.decode()
+    # Dispatched by its commit, not started: READY, as get_result says.
+    assert TaskRecord.objects.get(pk=failed.id).state == "running"
+    assert failed.status == TaskResultStatus.READY
+    dispatched = admin_client.get(
+        reverse("admin:django_outbox_tasks_taskrecord_changelist"), {"stage": "dispatched"}
+    )
+    assert dispatched.status_code == 200
+    assert 'class="field-status">Ready<' in dispatched.content.decode()
+    assert "tests.taskfuncs.add" not in dispatched.content.decode()
     detail = admin_client.get(
         reverse("admin:django_outbox_tasks_taskrecord_change", args=[failed.id])
     )

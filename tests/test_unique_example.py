@@ -12,13 +12,34 @@ from django_outbox.models import JobState
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_burst_of_posts_is_rebuilt_once_and_the_feed_lists_them_newest_first():
+def test_a_burst_before_the_rebuild_starts_is_absorbed_by_it():
     blog = Blog.objects.create(name="notes")
     with transport.capture() as queue:
-        RebuildBlogFeed.enqueue(blog=blog)  # a rebuild is running when the burst comes
-        titles = [f"post {n}" for n in range(3)]
-        posts = [publish_post(blog, title) for title in titles]
-        assert RebuildBlogFeed.objects.filter(state=JobState.PENDING).count() == 1
+        rebuild, _ = RebuildBlogFeed.enqueue(blog=blog)  # dispatched, no worker yet
+        posts = [publish_post(blog, f"post {n}") for n in range(3)]
+        assert list(RebuildBlogFeed.objects.values_list("pk", flat=True)) == [rebuild.pk]
+        while queue:
+            queue.popleft().run()
+
+    blog.refresh_from_db()
+    assert [entry["id"] for entry in blog.feed] == [post.pk for post in reversed(posts)]
+    assert RebuildBlogFeed.objects.get().state == JobState.PROCESSED
+
+
+def test_a_burst_of_posts_is_rebuilt_once_and_the_feed_lists_them_newest_first(monkeypatch):
+    blog = Blog.objects.create(name="notes")
+    posts = []
+    rebuild = RebuildBlogFeed.perform
+
+    def a_burst_comes_while_it_runs(job, heartbeat):
+        if not posts:
+            posts.extend(publish_post(blog, f"post {n}") for n in range(3))
+            assert RebuildBlogFeed.objects.filter(state=JobState.PENDING).count() == 1
+        return rebuild(job, heartbeat)
+
+    monkeypatch.setattr(RebuildBlogFeed, "perform", a_burst_comes_while_it_runs)
+    with transport.capture() as queue:
+        RebuildBlogFeed.enqueue(blog=blog)
         while queue:
             queue.popleft().run()
 

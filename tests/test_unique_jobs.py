@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import threading
 from collections import deque
 from datetime import UTC, timedelta
 
@@ -38,6 +39,7 @@ from django_outbox.unique.execute import (
     retry_or_fail,
     take_lease,
 )
+from tests.procs import wait_until
 from tests.uniqueapp.models import (
     BeatingJob,
     JobRun,
@@ -83,12 +85,34 @@ def test_enqueue_creates_a_pending_job_then_returns_it_while_it_is_pending():
     assert KeyedJob.objects.count() == 2
 
 
-def test_a_running_job_does_not_block_a_new_pending_one():
-    with transport.capture() as queue:
-        job, _ = KeyedJob.enqueue(key="a")
-    assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]
+def enqueue_while_performing(monkeypatch, model, **fields) -> list:
+    """Make the next ``perform()`` of *model* enqueue a job of *fields* first (its own
+    transaction, as a request would while the job runs); the list gets ``(job, created)``."""
+    made: list = []
+    perform = model.perform
 
-    with transport.capture():
+    def performing(self, heartbeat):
+        if not made:
+            made.append(model.enqueue(**fields))
+        return perform(self, heartbeat)
+
+    monkeypatch.setattr(model, "perform", performing)
+    return made
+
+
+# -- unique until a worker starts the job ----------------------------------------------
+
+
+def test_a_dispatched_job_absorbs_every_enqueue_of_its_key_until_a_worker_starts_it():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a", note="first")  # its commit dispatches it
+        assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]
+        again = [KeyedJob.enqueue(key="a", note=f"call {n}") for n in range(5)]
+        assert again == [(job, False)] * 5
+        assert again[0][0].note == "first" and again[0][0].state == JobState.RUNNING
+        assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]  # nothing more
+
+        assert take_lease(KeyedJob, job.pk, 1, "worker")  # a worker starts it
         newer, created = KeyedJob.enqueue(key="a")
 
     assert created and newer.pk != job.pk
@@ -96,6 +120,120 @@ def test_a_running_job_does_not_block_a_new_pending_one():
         job.pk: JobState.RUNNING,
         newer.pk: JobState.PENDING,
     }
+
+
+def test_enqueue_many_skips_keys_whose_job_is_dispatched_and_not_started():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        created = KeyedJob.enqueue_many([{"key": "a"}, {"key": "b"}])
+        assert [created_job.key for created_job in created] == ["b"]
+        queue.clear()
+        take_lease(KeyedJob, job.pk, 1, "worker")
+        assert [j.key for j in KeyedJob.enqueue_many([{"key": "a"}, {"key": "b"}])] == ["a"]
+
+
+def test_a_job_started_in_a_group_frees_its_key_with_the_group(kind_options, monkeypatch):
+    """With ``jobs_per_statement`` > 1, one statement starts the group's jobs: each frees
+    its key then, also a job that waits for its turn behind another."""
+    kind_options(KeyedJob, jobs_per_statement=2)
+    seen = []
+    perform = KeyedJob.perform
+
+    def performing(self, heartbeat):
+        if self.key == "a":  # while the first job runs, the second is started, waiting
+            seen.append(KeyedJob.enqueue(key="b")[1])
+        return perform(self, heartbeat)
+
+    with transport.capture() as queue:
+        with transaction.atomic():
+            KeyedJob.enqueue(key="a")
+            KeyedJob.enqueue(key="b")
+        [chunk] = queue
+        queue.clear()
+        monkeypatch.setattr(KeyedJob, "perform", performing)
+        # The chunk, then the new job of "b" (dispatched after the chunk, kept by it).
+        assert chunk.run() == [JobOutcome.PROCESSED.value] * 3
+
+    assert seen == [True]  # a new job: the waiting one had left the key's window
+    assert KeyedJob.objects.filter(key="b").count() == 2
+
+
+def test_a_dispatched_job_whose_lease_expired_unstarted_returns_to_pending_holding_its_key():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a")
+        queue.clear()  # its worker lost the task before starting it
+        KeyedJob.objects.filter(pk=job.pk).update(lease_expires_at=Now() - timedelta(seconds=1))
+        assert KeyedJob.enqueue(key="a") == (job, False)  # still absorbs, lease or not
+
+        result = dispatch(KeyedJob)  # rescued (attempt not counted) and dispatched again
+        assert (result.rescued, result.dispatched) == (1, 1)
+        assert KeyedJob.enqueue(key="a") == (job, False)
+        assert started(queue) == [("uniqueapp.KeyedJob", job.pk, 1)]
+        assert run_all(queue) == [JobOutcome.PROCESSED.value]
+
+    assert list(KeyedJob.objects.values_list("pk", "state")) == [(job.pk, JobState.PROCESSED)]
+
+
+def test_a_failed_attempt_waiting_for_its_retry_absorbs_enqueues_of_its_key():
+    with transport.capture() as queue:
+        job, _ = KeyedJob.enqueue(key="a", fail_attempts=1)
+        assert run_all(queue) == [JobOutcome.RETRYING.value]
+        assert KeyedJob.enqueue(key="a") == (job, False)
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.PENDING, 1)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite serializes writers: no race to lose"
+)
+def test_an_enqueue_racing_a_dispatch_of_its_key_never_makes_a_second_job():
+    """The unique index decides, not a check: an enqueue whose INSERT meets the key of a
+    job that a concurrent dispatch is starting waits for it, then returns that job."""
+    with transport.capture():
+        with transaction.atomic():
+            job, _ = KeyedJob.enqueue(key="a", process_after=timedelta(hours=1))
+    KeyedJob.objects.filter(pk=job.pk).update(process_after=Now())
+    holding, release = threading.Event(), threading.Event()
+    enqueued: list = []
+
+    def dispatcher():
+        try:
+            with transaction.atomic():
+                assert JobTable(KeyedJob).start_next(10) == [(job.pk, 1)]
+                holding.set()
+                release.wait(30)  # the dispatch has not committed yet
+        finally:
+            connections.close_all()
+
+    def enqueuer():
+        try:
+            with transport.capture():
+                enqueued.append(KeyedJob.enqueue(key="a"))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=dispatcher), threading.Thread(target=enqueuer)]
+    threads[0].start()
+    assert holding.wait(30)
+    threads[1].start()
+    wait_until(lambda: waiting_on_a_lock(connection), timeout=30)  # the INSERT waits
+    release.set()
+    for thread in threads:
+        thread.join(30)
+
+    assert [(found.pk, created) for found, created in enqueued] == [(job.pk, False)]
+    assert list(KeyedJob.objects.values_list("pk", "state", "started_at")) == [
+        (job.pk, JobState.RUNNING, None)
+    ]
+
+
+def waiting_on_a_lock(conn) -> bool:
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0] > 0
 
 
 def test_enqueue_takes_process_after_as_a_delay_from_the_database_clock():
@@ -503,17 +641,15 @@ def test_a_chunk_past_its_deadline_hands_its_unstarted_jobs_back():
         assert started(queue) == [("uniqueapp.KeyedJob", jobs[1].pk, 1)]
 
 
-def test_a_job_handed_back_while_its_key_got_a_pending_twin_yields_to_it():
+def test_a_job_handed_back_kept_its_key_and_goes_back_to_pending():
     with transport.capture() as queue:
         job, _ = KeyedJob.enqueue(key="a")
-        twin, created = KeyedJob.enqueue(key="a")
-        assert created
+        assert KeyedJob.enqueue(key="a") == (job, False)
         queue.clear()
-        assert give_back(KeyedJob, [(job.pk, 1)], why="ran out of time") == 0
+        assert give_back(KeyedJob, [(job.pk, 1)], why="ran out of time") == 1
+        assert KeyedJob.enqueue(key="a") == (job, False)
     job.refresh_from_db()
-    assert job.state == JobState.FAILED
-    assert f"job #{twin.pk} with the same unique fields" in job.last_error
-    assert KeyedJob.objects.get(pk=twin.pk).state == JobState.PENDING
+    assert (job.state, job.attempt, job.last_error) == (JobState.PENDING, 0, "")
 
 
 def test_a_priority_field_starts_the_highest_priority_ready_job_first():
@@ -589,18 +725,21 @@ def test_counting_running_jobs_reads_the_running_index_whatever_the_statistics(v
     assert table.count_running(500) == 11
 
 
-def test_a_job_of_a_running_key_waits_until_that_key_is_free():
+def test_a_job_of_a_running_key_waits_until_that_key_is_free(monkeypatch):
+    made = enqueue_while_performing(monkeypatch, KeyedJob, key="a")
     with transport.capture() as queue:
         running, _ = KeyedJob.enqueue(key="a")
-        waiting, _ = KeyedJob.enqueue(key="a")
-        assert started(queue) == [("uniqueapp.KeyedJob", running.pk, 1)]
-        assert dispatch(KeyedJob).dispatched == 0
-        run_all(queue)
+        [chunk] = queue
+        queue.clear()
+        # The job enqueues a job of its key while it runs: that one waits for the key,
+        # then the chunk's worker dispatches and runs it.
+        assert chunk.run() == [JobOutcome.PROCESSED.value] * 2
+        [(waiting, created)] = made
+        assert created
 
-    assert list(JobRun.objects.order_by("id").values_list("job_id", flat=True)) == [
-        running.pk,
-        waiting.pk,
-    ]
+    first, second = JobRun.objects.order_by("id")
+    assert (first.job_id, second.job_id) == (running.pk, waiting.pk)
+    assert first.ended_at <= second.started_at
 
 
 def test_the_running_index_is_the_final_guard_of_a_key():
@@ -837,20 +976,21 @@ def test_an_expired_lease_on_the_last_attempt_fails_the_job():
     assert job.last_error.startswith("The lease of attempt 3 expired")
 
 
-def test_a_failed_job_whose_key_got_a_new_pending_job_yields_to_it():
+def test_a_failed_job_whose_key_got_a_new_job_while_it_ran_yields_to_it(monkeypatch):
+    made = enqueue_while_performing(monkeypatch, KeyedJob, key="a")
     with transport.capture() as queue:
         job, _ = KeyedJob.enqueue(key="a", fail_attempts=1)
-        twin, created = KeyedJob.enqueue(key="a")
-        assert created
         outcomes = run_all(queue)
 
+    [(twin, created)] = made
+    assert created
     assert outcomes == [JobOutcome.SUPERSEDED.value, JobOutcome.PROCESSED.value]
     job.refresh_from_db()
     twin.refresh_from_db()
     assert job.state == JobState.FAILED
     assert job.last_error.endswith(
         f"Not retried: job #{twin.pk} with the same unique fields was enqueued meanwhile and "
-        "is pending; it does the same work."
+        "has not started; it does the same work."
     )
     assert twin.state == JobState.PROCESSED
 

@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='benchmarks_b_next_cf32e0c5'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='benchmarks_b_lease_ff0636e6'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='benchmarks_b_done_8e9e0e93')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key',), name='benchmarks_b_pend_58bfeaac'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='benchmarks_b_run_8f9184bc')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key',), name='benchmarks_b_pend_58bfeaac'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='benchmarks_b_run_8f9184bc')],
             },
         ),
     ]

@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='benchmarks_w_next_1faedf67'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='benchmarks_w_lease_f1a8ea76'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='benchmarks_w_done_83e38d37')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key',), name='benchmarks_w_pend_91ad3d31'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='benchmarks_w_run_64f2688f')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key',), name='benchmarks_w_pend_91ad3d31'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='benchmarks_w_run_64f2688f')],
             },
         ),
     ]

@@ -20,6 +20,11 @@ from django_outbox.db.dialect import dialect_of
 from django_outbox.unique.options import kind_options
 
 PENDING, RUNNING, PROCESSED = "pending", "running", "processed"
+#: The condition of the unique index over the unique fields: jobs no worker started,
+#: pending or dispatched (``models.unique.UNSTARTED``). The conflict target of the
+#: enqueue's INSERT names it, in the order Django compiles it (SQLite matches a partial
+#: index's condition by its form, not its meaning).
+UNSTARTED_SQL = f"(state = '{PENDING}' OR (started_at IS NULL AND state = '{RUNNING}'))"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
 ADVISORY_NAMESPACE = 7_270_001
 
@@ -67,11 +72,12 @@ class JobTable:
         values: Sequence[tuple[Field, Any]],
         process_after: datetime | float | None,
     ) -> Model | None:
-        """Insert a pending job unless one with the same unique key is pending.
+        """Insert a pending job unless one with the same unique key has not started.
 
         *values* are (field, database value) pairs of the payload; *process_after* is an
         aware datetime, seconds from the database's now, or None (now). Returns the new
-        job, or None when the partial unique index said a pending twin exists.
+        job, or None when the partial unique index said a twin waits to start (pending,
+        or dispatched to a worker that has not started it).
         """
         created = self.insert_pending_many([values], process_after)
         return created[0] if created else None
@@ -84,7 +90,7 @@ class JobTable:
         common: Sequence[tuple[Field, Any]] = (),
     ) -> list[Any]:
         """Insert pending jobs, all with the same payload fields, in one statement; skip
-        each whose unique key has a pending job (an earlier row of *rows* included).
+        each whose unique key has a job not started (an earlier row of *rows* included).
 
         *common* are (field, database value) pairs every row shares, sent once instead of
         once per row. Returns the jobs inserted, in the order of *rows*: model
@@ -106,7 +112,7 @@ class JobTable:
         conflict = ""
         if self.options.unique_fields and not self._keyless(rows, common):
             target = ", ".join(self.columns(self.options.unique_fields))
-            conflict = f" ON CONFLICT ({target}) WHERE state = '{PENDING}' DO NOTHING"
+            conflict = f" ON CONFLICT ({target}) WHERE {UNSTARTED_SQL} DO NOTHING"
         meta = self.model._meta
         fields = (
             meta.concrete_fields if returning is None else [meta.get_field(n) for n in returning]
@@ -163,7 +169,7 @@ class JobTable:
     def _keyless(
         self, rows: Sequence[Sequence[tuple[Field, Any]]], common: Sequence[tuple[Field, Any]]
     ) -> bool:
-        """Whether no row can hit the pending-jobs index: each holds a NULL in its unique
+        """Whether no row can hit the unstarted-jobs index: each holds a NULL in its unique
         fields (``nullable_keys``), which a unique index never matches. Such rows are
         inserted without ``ON CONFLICT``, which would probe the index for nothing."""
         if not self.options.nullable_keys:
@@ -385,6 +391,10 @@ class JobTable:
         not ours to start). A kind with a ``result_field`` stores each finished job's
         result (a database value); one with a ``workers_field`` appends *worker* to each
         started job's.
+
+        Stamping the start frees a job's unique key (it leaves the index of jobs not
+        started): from then on an enqueue of that key creates a new job. Every job of
+        *starts* frees its key in this statement, also those that will run after others.
 
         Run on its own (not inside a transaction of the caller's), the statement commits
         without waiting for the log flush (:attr:`Dialect.no_flush_wait`): a server crash

@@ -2,14 +2,21 @@
 
 A kind's rows are its jobs. The state machine::
 
-    pending --dispatch--> running (lease, attempt n) --perform() returned--> processed
+    pending --dispatch--> running, not started (lease, attempt n, started_at NULL)
+    running, not started --a worker starts it--> running (started_at set)
+    running, not started --lease expired, or handed back--> pending (attempt not counted)
+    running --perform() returned--> processed
     running --perform() raised--> pending (process_after = now + backoff)  … or failed
     running --lease expired--> pending (rescued by dispatch, the attempt counted) … or failed
 
+A dispatched job that no worker started yet is shown as *dispatched* (:data:`STAGES`):
+it still holds its unique key.
+
 Uniqueness is enforced by partial unique indexes, generated from the kind's options
 when the model class is prepared, so ``makemigrations`` writes them into the app's
-migration: one over the unique fields among pending jobs (unique until executed) and
-one over the exclusive fields among running jobs (unique while executing).
+migration: one over the unique fields among jobs not started (:data:`UNSTARTED`: unique
+until a worker starts the job) and one over the exclusive fields among running jobs
+(unique while executing).
 """
 
 from __future__ import annotations
@@ -37,6 +44,30 @@ class JobState(models.TextChoices):
 
 
 FINISHED = (JobState.PROCESSED, JobState.FAILED)
+
+#: Jobs no worker has started: pending, or dispatched (running with ``started_at`` NULL:
+#: handed to the broker, leased, waiting for its worker). One per unique key at most
+#: (the unique index's condition, and ``JobTable``'s ``UNSTARTED_SQL`` says the same).
+UNSTARTED = Q(state=JobState.PENDING) | Q(state=JobState.RUNNING, started_at__isnull=True)
+
+#: What a job is doing, as the admin, the counts and the metrics show it: the states,
+#: with the running jobs split into dispatched (not started) and running (started).
+DISPATCHED = "dispatched"
+STAGES = {
+    JobState.PENDING.value: Q(state=JobState.PENDING),
+    DISPATCHED: Q(state=JobState.RUNNING, started_at__isnull=True),
+    JobState.RUNNING.value: Q(state=JobState.RUNNING, started_at__isnull=False),
+    JobState.PROCESSED.value: Q(state=JobState.PROCESSED),
+    JobState.FAILED.value: Q(state=JobState.FAILED),
+}
+
+
+def stage_of(job: UniqueJob) -> str:
+    """The job's stage (a key of :data:`STAGES`): its state, or ``dispatched``."""
+    if job.state == JobState.RUNNING and job.started_at is None:
+        return DISPATCHED
+    return str(job.state)
+
 
 #: The fields every kind has, set by django_outbox: never payload, never a unique field.
 BOOKKEEPING_FIELDS = (
@@ -69,7 +100,7 @@ class UniqueJob(models.Model):
                 ...
 
     Create jobs with ``RebuildBlogFeed.enqueue(blog=blog)``, never with ``create()``:
-    ``enqueue`` is what keeps one pending job per key.
+    ``enqueue`` is what keeps one job per key waiting to start.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -116,10 +147,11 @@ class UniqueJob(models.Model):
     def enqueue(
         cls, *, process_after: datetime | timedelta | None = None, **fields: Any
     ) -> tuple[UniqueJob, bool]:
-        """Create a job unless an equivalent one is pending; return ``(job, created)``.
+        """Create a job unless an equivalent one has not started; return ``(job, created)``.
 
-        Equivalent means the same values of the unique fields: the pending job is
-        returned unchanged (its other fields and its ``process_after`` are kept).
+        Equivalent means the same values of the unique fields; not started means pending,
+        or dispatched to a worker that has not started it yet. That job is returned
+        unchanged (its other fields and its ``process_after`` are kept).
         *process_after* (an aware datetime, or a delay from the database's now) holds
         the job back. One ``INSERT … ON CONFLICT DO NOTHING`` in the caller's
         transaction; dispatch is kicked right after it commits.
@@ -137,8 +169,8 @@ class UniqueJob(models.Model):
     ) -> list[UniqueJob]:
         """Create a job for each dict of fields, in bulk; return the jobs created.
 
-        An item whose unique key has a pending job (or an earlier item with the same
-        key) creates nothing. One ``INSERT … ON CONFLICT DO NOTHING`` per 1,000 items in
+        An item whose unique key has a job not started yet (or an earlier item with the
+        same key) creates nothing. One ``INSERT … ON CONFLICT DO NOTHING`` per 1,000 items in
         the caller's transaction; dispatch is kicked once, after it commits.
         """
         from django_outbox.unique.enqueue import enqueue_many
@@ -175,8 +207,8 @@ def index_name(table: str, role: str, fields: Sequence[str]) -> str:
 def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
     """Give each concrete kind the partial indexes its options call for.
 
-    * unique fields among pending jobs (unique until executed; ``enqueue``'s conflict
-      target);
+    * unique fields among jobs not started, :data:`UNSTARTED` (unique until a worker
+      starts the job; ``enqueue``'s conflict target);
     * exclusive fields among running jobs (unique while executing);
     * the dispatch order among pending jobs: ``id`` (``created``) or
       ``process_after, id`` (``ready``), and the exclusive key when several jobs of a
@@ -202,7 +234,7 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
         constraints.append(
             models.UniqueConstraint(
                 fields=list(options.unique_fields),
-                condition=pending,
+                condition=UNSTARTED,
                 name=index_name(table, "pend", options.unique_fields),
             )
         )

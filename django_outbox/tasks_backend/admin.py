@@ -6,7 +6,8 @@ from typing import Any
 
 from django.contrib import admin
 
-from django_outbox.admin import UniqueJobAdmin
+from django_outbox.admin import StageFilter, UniqueJobAdmin
+from django_outbox.models.unique import stage_of
 from django_outbox.tasks_backend.models import TaskRecord
 
 
@@ -24,11 +25,11 @@ class TaskRecordAdmin(UniqueJobAdmin):
         "short_error",
     )
     # No filter over queue_name or task_path: listing their values scans the table.
-    list_filter = ("state",)
+    list_filter = (StageFilter,)
     text_search_fields = ("task_path", "=unique_key", "=idempotency_key", "last_error")
 
     @admin.display(description="status", ordering="state")
     def status(self, record: Any) -> str:
         from django_outbox.tasks_backend.backend import STATUS
 
-        return str(STATUS[record.state].label)
+        return str(STATUS[stage_of(record)].label)

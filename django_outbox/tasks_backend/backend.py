@@ -34,10 +34,11 @@ from django_outbox.tasks_backend.options import TASK_KIND
 if TYPE_CHECKING:
     from django_outbox.tasks_backend.models import TaskRecord
 
-#: Job states as Django's task statuses (a dispatched task that no worker started yet
-#: is still READY).
+#: Job stages (``models.unique.STAGES``) as Django's task statuses: a dispatched task
+#: that no worker started yet is still READY (and still absorbs enqueues of its key).
 STATUS = {
     "pending": TaskResultStatus.READY,
+    "dispatched": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "processed": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,
@@ -52,8 +53,9 @@ EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 class OutboxTask(Task):
     """A ``Task`` with per-call keys; ``@task`` makes these when our backend is its backend.
 
-    * ``unique_key``: while a task of the same function and key is pending, enqueuing
-      returns that task's result instead of a new one; one runs at a time per key.
+    * ``unique_key``: until a worker starts a task of the same function and key
+      (READY, dispatched or not), enqueuing returns that task's result instead of a
+      new one; one runs at a time per key.
     * ``idempotency_key``: the task runs inside an idempotency guard (scope: the task's
       path): once an attempt committed, later runs with that key return its result.
     """
@@ -109,16 +111,16 @@ class OutboxTaskBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
         """Insert the task in the caller's transaction; return its result (READY).
 
-        With a ``unique_key`` that has a pending task, that task's result is returned
-        and nothing is inserted.
+        With a ``unique_key`` that has a task no worker started yet, that task's result
+        is returned and nothing is inserted.
         """
         from django_outbox.db import connection_for
         from django_outbox.tasks_backend.models import TaskRecord
-        from django_outbox.unique.enqueue import created_or_pending
+        from django_outbox.unique.enqueue import created_or_unstarted
 
         self.validate_task(task)
         key = {"task_path": task.module_path, "unique_key": getattr(task, "unique_key", None)}
-        found, created = created_or_pending(
+        found, created = created_or_unstarted(
             TaskRecord,
             lambda: next(iter(self._insert(task, [(args, kwargs)])), None),
             key,
@@ -133,7 +135,7 @@ class OutboxTaskBackend(BaseTaskBackend):
 
         Returns the results of the tasks created, in order: with a ``unique_key`` (the
         task's keys apply to every call) at most one is created, none while a task of
-        that key is pending. Every call is checked before anything is written.
+        that key waits to start. Every call is checked before anything is written.
         """
         self.validate_task(task)
         return self._insert(task, calls)
@@ -234,9 +236,9 @@ class OutboxTaskBackend(BaseTaskBackend):
         }
         if any(getattr(task, name) != value for name, value in kept.items()):
             task = replace(task, **kept)  # validated again: only when something differs
-        status = STATUS[record.state]
-        if status is TaskResultStatus.RUNNING and record.started_at is None:
-            status = TaskResultStatus.READY  # dispatched in a chunk, not started yet
+        from django_outbox.models.unique import stage_of
+
+        status = STATUS[stage_of(record)]
         result = TaskResult(
             task=task,
             id=str(record.pk),

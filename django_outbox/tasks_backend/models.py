@@ -32,7 +32,7 @@ class TaskRecord(UniqueJob):
         max_length=255,
         null=True,
         blank=True,
-        help_text="At most one pending and one running task of this task path per key.",
+        help_text="At most one task of this task path per key not started yet, and one running.",
     )
     idempotency_key = models.CharField(
         max_length=255,

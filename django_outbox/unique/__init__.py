@@ -1,7 +1,7 @@
 """Unique and scheduled jobs: one table per job kind, rows as the source of truth.
 
 * :mod:`~django_outbox.unique.options` reads a kind's ``class Job:`` options;
-* :mod:`~django_outbox.unique.enqueue` inserts a job unless an equivalent one is pending;
+* :mod:`~django_outbox.unique.enqueue` inserts a job unless an equivalent one has not started;
 * :mod:`~django_outbox.unique.dispatch` hands ready jobs to django-q2 and rescues
   expired leases;
 * :mod:`~django_outbox.unique.execute` runs one attempt of a job under its lease;

@@ -1,7 +1,9 @@
-"""Enqueue: one ``INSERT … ON CONFLICT DO NOTHING`` against the pending-jobs unique index.
+"""Enqueue: one ``INSERT … ON CONFLICT DO NOTHING`` against the unstarted-jobs unique index.
 
-Never check-then-insert: the partial unique index over the unique fields among pending
-jobs decides, so concurrent enqueues of the same key leave exactly one pending job.
+Never check-then-insert: the partial unique index over the unique fields among jobs no
+worker started (pending, or dispatched and waiting for its worker) decides, so
+concurrent enqueues and dispatches of the same key leave exactly one job waiting to
+start.
 The dispatch of the kind is kicked once right after the caller's transaction commits.
 """
 
@@ -23,7 +25,7 @@ from django_outbox.db.unique import JobTable
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
-from django_outbox.models.unique import BOOKKEEPING_FIELDS, JobState, get_kind
+from django_outbox.models.unique import BOOKKEEPING_FIELDS, UNSTARTED, get_kind
 from django_outbox.oncommit import on_commit_once
 from django_outbox.unique.dispatch import dispatch_after_commit
 
@@ -32,9 +34,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_outbox")
 
-#: Enqueuing loops at most this many times when the pending twin it conflicted with was
-#: dispatched before it could be read (each round trip means the key had a pending job
-#: that just started, so the next insert normally succeeds).
+#: Enqueuing loops at most this many times when the twin it conflicted with was started
+#: by a worker before it could be read (each round trip means the key had a job that
+#: just started, so the next insert normally succeeds).
 MAX_ROUNDS = 5
 
 
@@ -51,7 +53,7 @@ def enqueue(
     *,
     process_after: datetime | timedelta | None = None,
 ) -> tuple[UniqueJob, bool]:
-    """Create a job of *model* unless one with the same unique key is pending."""
+    """Create a job of *model* unless one with the same unique key has not started."""
     after = _process_after(model, process_after)
     table = JobTable(model)
     draft = _draft(model, fields, "enqueue")
@@ -67,28 +69,30 @@ def enqueue(
             kick_after_commit(model, table.alias)
         return job
 
-    return created_or_pending(model, insert, unique, table.alias)
+    return created_or_unstarted(model, insert, unique, table.alias)
 
 
-def created_or_pending(
+def created_or_unstarted(
     model: type[UniqueJob], insert: Callable[[], T | None], key: dict[str, Any], alias: str
 ) -> tuple[T | UniqueJob, bool]:
-    """``(insert(), True)``, or ``(the pending job of *key*, False)`` when *insert* found
-    one (it returns None when the unique index refused the row).
+    """``(insert(), True)``, or ``(the unstarted job of *key*, False)`` when *insert*
+    found one (it returns None when the unique index refused the row): pending, or
+    dispatched to a worker that has not started it.
 
-    Never check-then-insert: the insert runs first. A twin that started before it could
-    be read frees the key, so the insert is tried again, ``MAX_ROUNDS`` times at most.
+    Never check-then-insert: the insert runs first. A twin that a worker started before
+    it could be read frees the key, so the insert is tried again, ``MAX_ROUNDS`` times
+    at most.
     """
     for _ in range(MAX_ROUNDS):
         created = insert()
         if created is not None:
             return created, True
         manager = model._default_manager.using(alias)
-        existing = manager.filter(state=JobState.PENDING, **key).first()
+        existing = manager.filter(UNSTARTED, **key).first()
         if existing is not None:
             return existing, False
     raise JobError(
-        f"{model._meta.label}.enqueue() kept conflicting with a pending job that started "
+        f"{model._meta.label}.enqueue() kept conflicting with a job that a worker started "
         f"before it could be read ({MAX_ROUNDS} times); try again."
     )
 
@@ -100,8 +104,8 @@ def enqueue_many(
     process_after: datetime | timedelta | None = None,
 ) -> list[UniqueJob]:
     """Create a job of *model* for each dict of fields, in statements of up to
-    ``MANY_ROWS`` rows, skipping each whose unique key has a pending job (an earlier item
-    included); return the jobs created. Every item is checked before anything is
+    ``MANY_ROWS`` rows, skipping each whose unique key has a job not started (an earlier
+    item included); return the jobs created. Every item is checked before anything is
     written. Dispatch is kicked once, after the caller's transaction commits."""
     table = JobTable(model)
     rows = [_payload_values(_draft(model, fields, "enqueue_many"), table) for fields in items]
@@ -118,7 +122,7 @@ def insert_many(
 ) -> list[Any]:
     """Insert prepared rows, lists of (field, database value) pairs (see
     :func:`storable`), in statements of up to ``MANY_ROWS`` rows, skipping each whose
-    unique key has a pending job; kick the dispatch once after the commit. *common*
+    unique key has a job not started; kick the dispatch once after the commit. *common*
     pairs are the same for every row (sent once per statement).
 
     Returns the jobs created, in order: instances, or with *returning* (field names,

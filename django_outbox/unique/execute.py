@@ -31,7 +31,7 @@ from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.jsondata import dumps
 from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
-from django_outbox.models.unique import JobState, get_kind
+from django_outbox.models.unique import UNSTARTED, JobState, get_kind
 from django_outbox.unique.options import kind_options
 
 if TYPE_CHECKING:
@@ -45,10 +45,9 @@ LEASE_EXPIRED = (
 )
 #: How :data:`LEASE_EXPIRED` begins (see :func:`_next_group`).
 LEASE_EXPIRED_START = LEASE_EXPIRED.split("{", 1)[0]
-NOT_STARTED = "Handed back unstarted (attempt {attempt} not counted): its chunk's worker {why}."
 SUPERSEDED_NOTE = (
-    "Not retried: job #{twin} with the same unique fields was enqueued meanwhile and is "
-    "pending; it does the same work."
+    "Not retried: job #{twin} with the same unique fields was enqueued meanwhile and has "
+    "not started; it does the same work."
 )
 
 
@@ -244,9 +243,9 @@ def give_back(model: type[UniqueJob], jobs: Sequence[tuple[int, int]], *, why: s
     """Return dispatched jobs that no worker started to pending, their attempt not counted.
 
     Fenced like a start (the attempt, ``running``, ``started_at`` NULL): a job a worker
-    took meanwhile is left to it. A job whose key got a pending twin meanwhile cannot be
-    pending beside it: it is failed with a note naming the twin, which does the same work.
-    Returns how many jobs went back to pending.
+    took meanwhile is left to it. An unstarted job held its unique key all along (every
+    enqueue of the key returned it), so no twin can be pending beside it. Returns how
+    many jobs went back to pending.
     """
     if not jobs:
         return 0
@@ -268,28 +267,8 @@ def give_back(model: type[UniqueJob], jobs: Sequence[tuple[int, int]], *, why: s
             worker="",
         )
 
-    def give_back_transaction() -> int:
-        try:
-            with transaction.atomic(using=alias):
-                return back(unstarted(jobs))
-        except IntegrityError:
-            pass
-        returned = 0
-        for job_id, attempt in jobs:  # one by one: find the job whose key has a twin
-            try:
-                with transaction.atomic(using=alias):
-                    returned += back(unstarted([(job_id, attempt)]))
-            except IntegrityError:
-                twin = _pending_twin(model, job_id, alias)
-                _fail(
-                    unstarted([(job_id, attempt)]),
-                    f"{NOT_STARTED.format(attempt=attempt, why=why)}\n\n"
-                    f"{SUPERSEDED_NOTE.format(twin=twin)}",
-                )
-        return returned
-
     returned = retry_transient(
-        give_back_transaction, alias, what=f"hand-back of {model._meta.label} jobs"
+        lambda: back(unstarted(jobs)), alias, what=f"hand-back of {model._meta.label} jobs"
     )
     if returned:
         logger.info(
@@ -329,9 +308,9 @@ def retry_or_fail(
     """Record a failed or lost attempt: back to pending after a backoff, or failed.
 
     Failed when *permanent* or when it was the last attempt. A job whose key got a new
-    pending job while it ran cannot go back to pending (the unique index holds one
-    pending job per key): it is failed with a note naming the pending job, which does
-    the same work. *delay* overrides the backoff (0 for a rescued job).
+    job while it ran cannot go back to pending (the unique index holds one job per key
+    not started): it is failed with a note naming the new job, which does the same
+    work. *delay* overrides the backoff (0 for a rescued job).
     """
     table, retry = leases(model), policy(model)
     alias = table.alias
@@ -352,7 +331,7 @@ def retry_or_fail(
                         last_error=error,
                     )
             except IntegrityError:
-                twin = _pending_twin(model, job_id, alias)
+                twin = _unstarted_twin(model, job_id, alias)
                 outcome = _fail(job, f"{error}\n\n{SUPERSEDED_NOTE.format(twin=twin)}")
                 return JobOutcome.SUPERSEDED if outcome is JobOutcome.FAILED else outcome
             return JobOutcome.RETRYING if retried else JobOutcome.LEASE_LOST
@@ -380,11 +359,13 @@ def _fail(job: QuerySet, error: str) -> JobOutcome:
     return JobOutcome.FAILED if failed else JobOutcome.LEASE_LOST
 
 
-def _pending_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | None:
+def _unstarted_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | None:
+    """The job of the same unique key that no worker started yet (the one holding it)."""
     manager = model._default_manager.using(alias)
     names = [model._meta.get_field(name).attname for name in kind_options(model).unique_fields]
     key = manager.filter(pk=job_id).values(*names).first() or {}
-    return manager.filter(state=JobState.PENDING, **key).values_list("pk", flat=True).first()
+    twins = manager.filter(UNSTARTED, **key).exclude(pk=job_id)
+    return twins.values_list("pk", flat=True).first()
 
 
 def rescue_expired(model: type[UniqueJob], limit: int) -> tuple[int, int]:

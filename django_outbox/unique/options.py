@@ -60,9 +60,10 @@ DEFAULTS = OPTIONS.defaults
 class KindOptions:
     """The effective options of one kind (its ``class Job:`` merged over the defaults).
 
-    ``unique_fields`` make a job unique until executed (one pending job per key);
-    ``exclusive_fields`` (``unique_while_executing``, by default the unique fields) make
-    it unique while executing (one running job per key) and relate jobs for ordering.
+    ``unique_fields`` make a job unique until a worker starts it (one job per key
+    pending or dispatched); ``exclusive_fields`` (``unique_while_executing``, by default
+    the unique fields) make it unique while executing (one running job per key) and
+    relate jobs for ordering.
     With ``nullable_keys`` a job whose key holds a NULL has no key: it never conflicts
     with another job nor waits for one. ``result_field`` stores what ``perform()``
     returned (JSON), written by the statement that marks the job processed;

@@ -37,9 +37,9 @@ class Post(models.Model):
 class RebuildBlogFeed(UniqueJob):
     """Rebuild one blog's feed. Ten posts published in a burst need one rebuild, not ten.
 
-    Unique per blog until executed (a burst of posts shares one pending rebuild) and while
-    executing (two rebuilds of a blog never race); a post published during a rebuild gets
-    a fresh pending rebuild that runs after it.
+    Unique per blog until a worker starts it (a burst of posts shares one rebuild, pending
+    or dispatched) and while executing (two rebuilds of a blog never race); a post
+    published during a rebuild gets a fresh pending rebuild that runs after it.
     """
 
     blog = models.ForeignKey(Blog, on_delete=models.CASCADE)

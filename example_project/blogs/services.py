@@ -20,7 +20,7 @@ def tasks_available() -> bool:
 def publish_post(blog: Blog, title: str) -> Post:
     """Save a post and ask for its blog's feed rebuild in the same transaction.
 
-    If a rebuild of this blog is already pending, that one will include the post.
+    If a rebuild of this blog has not started yet, that one will include the post.
     """
     with transaction.atomic():
         post = Post.objects.create(blog=blog, title=title)

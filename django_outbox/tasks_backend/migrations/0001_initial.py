@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                 ('takes_context', models.BooleanField(default=False)),
                 ('args', models.JSONField(blank=True, default=list)),
                 ('kwargs', models.JSONField(blank=True, default=dict)),
-                ('unique_key', models.CharField(blank=True, help_text='At most one pending and one running task of this task path per key.', max_length=255, null=True)),
+                ('unique_key', models.CharField(blank=True, help_text='At most one task of this task path per key not started yet, and one running.', max_length=255, null=True)),
                 ('idempotency_key', models.CharField(blank=True, default='', help_text="The task's effect is committed once per key (an idempotency key).", max_length=255)),
                 ('return_value', models.JSONField(blank=True, null=True)),
                 ('worker_ids', models.TextField(blank=True, default='', help_text='The worker of each attempt, one per line.')),
@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
                 'verbose_name': 'task',
                 'verbose_name_plural': 'tasks',
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['-priority', 'id'], name='django_outbo_next_5b0afd09'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='django_outbo_lease_9d34ac79'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='django_outbo_done_49f1a05f')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('task_path', 'unique_key'), name='django_outbo_pend_0ee9bd85'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('task_path', 'unique_key'), name='django_outbo_run_01e243a1')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('task_path', 'unique_key'), name='django_outbo_pend_0ee9bd85'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('task_path', 'unique_key'), name='django_outbo_run_01e243a1')],
             },
         ),
     ]

@@ -49,7 +49,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='blogs_rebuil_next_b2400cb7'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='blogs_rebuil_lease_8e722c9f'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='blogs_rebuil_done_3b2c0e12')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('blog',), name='blogs_rebuil_pend_a4c1b360'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('blog',), name='blogs_rebuil_run_f937516f')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('blog',), name='blogs_rebuil_pend_a4c1b360'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('blog',), name='blogs_rebuil_run_f937516f')],
             },
         ),
     ]

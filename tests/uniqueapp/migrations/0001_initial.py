@@ -49,7 +49,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='uniqueapp_be_next_31a92827'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='uniqueapp_be_lease_dc845b80'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='uniqueapp_be_done_b8ad3840')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key',), name='uniqueapp_be_pend_b50da565'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_be_run_77fbe297')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key',), name='uniqueapp_be_pend_b50da565'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_be_run_77fbe297')],
             },
         ),
         migrations.CreateModel(
@@ -75,7 +75,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='uniqueapp_ke_next_dea80f33'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='uniqueapp_ke_lease_cbf6921f'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='uniqueapp_ke_done_771e5b24')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key',), name='uniqueapp_ke_pend_102ed324'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_ke_run_2b8052df')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key',), name='uniqueapp_ke_pend_102ed324'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_ke_run_2b8052df')],
             },
         ),
         migrations.CreateModel(
@@ -101,7 +101,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='uniqueapp_or_next_a620099e'), models.Index(condition=models.Q(('state', 'pending')), fields=['key', 'id'], name='uniqueapp_or_key_b0fe1dad'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='uniqueapp_or_lease_d543df83'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='uniqueapp_or_done_256e7462')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key', 'seq'), name='uniqueapp_or_pend_e365b45a'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_or_run_50f25bce')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key', 'seq'), name='uniqueapp_or_pend_e365b45a'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_or_run_50f25bce')],
             },
         ),
         migrations.CreateModel(
@@ -127,7 +127,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['process_after', 'id'], name='uniqueapp_re_next_37ea1f30'), models.Index(condition=models.Q(('state', 'pending')), fields=['key', 'id'], name='uniqueapp_re_key_c1e25a19'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='uniqueapp_re_lease_542c69ba'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='uniqueapp_re_done_f2375300')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key', 'seq'), name='uniqueapp_re_pend_8e9b74fd'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_re_run_2b6b2630')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key', 'seq'), name='uniqueapp_re_pend_8e9b74fd'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_re_run_2b6b2630')],
             },
         ),
         migrations.CreateModel(
@@ -153,7 +153,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['id'], name='uniqueapp_th_next_c5f21970'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='uniqueapp_th_lease_4786e542'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='uniqueapp_th_done_5a4a72a4')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key',), name='uniqueapp_th_pend_9c2bcada'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_th_run_6d0516e0')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key',), name='uniqueapp_th_pend_9c2bcada'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_th_run_6d0516e0')],
             },
         ),
     ]

@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
             options={
                 'abstract': False,
                 'indexes': [models.Index(condition=models.Q(('state', 'pending')), fields=['-priority', 'id'], name='uniqueapp_pr_next_35974583'), models.Index(condition=models.Q(('state', 'running')), fields=['lease_expires_at'], name='uniqueapp_pr_lease_bc7130bb'), models.Index(condition=models.Q(('state__in', ('processed', 'failed'))), fields=['finished_at'], name='uniqueapp_pr_done_6c22c054')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending')), fields=('key',), name='uniqueapp_pr_pend_4b9acf14'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_pr_run_aa51749f')],
+                'constraints': [models.UniqueConstraint(condition=models.Q(('state', 'pending'), models.Q(('started_at__isnull', True), ('state', 'running')), _connector='OR'), fields=('key',), name='uniqueapp_pr_pend_4b9acf14'), models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('key',), name='uniqueapp_pr_run_aa51749f')],
             },
         ),
     ]
