@@ -122,8 +122,8 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("idempotency", "RETENTION_DAYS"): "how long a completed key is kept (the default `ttl` "
     "of `@idempotent`)",
     # class Job: of a unique-job kind
-    ("kind", "unique_fields"): "fields whose values make a job unique until executed (one "
-    "pending job per key); empty: every `enqueue` creates a job",
+    ("kind", "unique_fields"): "fields whose values make a job unique until a worker starts "
+    "it (one job per key pending or dispatched); empty: every `enqueue` creates a job",
     ("kind", "unique_while_executing"): "fields of the exclusive key: one running job per "
     "key; also what relates jobs for `ordering`. `None`: the unique fields",
     ("kind", "ordering"): '`"created"` (related jobs start in creation order, each after '
