@@ -9,8 +9,9 @@ staff user can look but not act. Changelists of the large tables never run an ex
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -58,7 +59,8 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return self.object_list.values("pk")[:COUNT_CAP].count()
+        queryset = cast(QuerySet, self.object_list)  # the admin pages querysets
+        return queryset.values("pk")[:COUNT_CAP].count()
 
 
 class StreamFilter(admin.SimpleListFilter):
@@ -162,8 +164,8 @@ def _has(codename: str):
 class BufferEventAdmin(ReadOnlyAdmin):
     """Any buffer model: its rows, unclaimed or in a group."""
 
-    list_display = ("id", "created_at", "group_id")
-    list_filter = (("group_id", admin.EmptyFieldListFilter),)
+    list_display: tuple[str, ...] = ("id", "created_at", "group_id")
+    list_filter: ClassVar[tuple[Any, ...]] = (("group_id", admin.EmptyFieldListFilter),)
     search_fields = ("=id", "=group_id")
     ordering = ("-id",)
 
@@ -177,7 +179,7 @@ class OutboxEventAdmin(BufferEventAdmin):
 class UniqueJobAdmin(ReadOnlyAdmin):
     """Any unique-job kind: its jobs by state, attempt, schedule and lease."""
 
-    list_display = (
+    list_display: tuple[str, ...] = (
         "id",
         "state",
         "attempt",
@@ -186,9 +188,9 @@ class UniqueJobAdmin(ReadOnlyAdmin):
         "finished_at",
         "short_error",
     )
-    list_filter = ("state",)
+    list_filter: ClassVar[tuple[Any, ...]] = ("state",)
     search_fields = ("=id",)
-    text_search_fields = ("last_error",)
+    text_search_fields: tuple[str, ...] = ("last_error",)
     ordering = ("-id",)
 
     @admin.display(description="last error")
@@ -254,7 +256,7 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
         return last_line(group.last_error)[:120]
 
     def _due_now(
-        self, queryset: QuerySet[OutboxGroup], states: list[str], due_field: str
+        self, queryset: QuerySet[OutboxGroup], states: Sequence[str], due_field: str
     ) -> tuple[int, int, int]:
         """Make the selected groups in *states* due now; (selected, re-enqueued, exhausted)."""
         chosen = queryset.filter(state__in=states)

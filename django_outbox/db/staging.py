@@ -42,7 +42,7 @@ class TakenJob:
     kwargs: dict[str, Any]
     q_options: dict[str, Any]
     idempotency_key: str
-    created_at: datetime
+    created_at: datetime | None  # None: not staged, handed to the broker at once
     run_after: datetime | None
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.checks import CheckMessage
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -69,8 +69,8 @@ class OutboxTask(Task):
         **changes: Any,
     ) -> OutboxTask:
         """``Task.using()``, and the keys of the calls of the returned task."""
-        task = Task.using(self, **changes)
-        keys = {"unique_key": unique_key, "idempotency_key": idempotency_key}
+        task = cast(OutboxTask, Task.using(self, **changes))  # a replace(): the same class
+        keys: dict[str, Any] = {"unique_key": unique_key, "idempotency_key": idempotency_key}
         keys = {name: value for name, value in keys.items() if value is not None}
         return replace(task, **keys) if keys else task
 
@@ -78,7 +78,8 @@ class OutboxTask(Task):
         self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
     ) -> list[TaskResult]:
         """Enqueue one task per ``(args, kwargs)`` pair, in bulk (see the backend's)."""
-        return self.get_backend().enqueue_many(self, calls)
+        backend = cast("OutboxTaskBackend", self.get_backend())
+        return backend.enqueue_many(self, calls)
 
 
 class OutboxTaskBackend(BaseTaskBackend):
@@ -124,7 +125,9 @@ class OutboxTaskBackend(BaseTaskBackend):
             key,
             connection_for(TaskRecord).alias,
         )
-        return found if created else self.result_of(found, task)
+        if created:
+            return cast(TaskResult, found)
+        return self.result_of(cast("TaskRecord", found), task)
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
@@ -174,7 +177,7 @@ class OutboxTaskBackend(BaseTaskBackend):
             arguments = arguments[: len(created)]
         results = []
         for (pk, created_at), (args, kwargs) in zip(created, arguments, strict=True):
-            result = TaskResult(
+            result: TaskResult[Any, Any] = TaskResult(
                 task=task,
                 id=str(pk),
                 status=TaskResultStatus.READY,
@@ -198,7 +201,10 @@ class OutboxTaskBackend(BaseTaskBackend):
     ) -> tuple[list[Any], dict[str, Any]]:
         """The call's arguments as JSON (normalized as Django does)."""
         try:
-            return normalize_json(list(args)), normalize_json(dict(kwargs))
+            return (
+                cast(list[Any], normalize_json(list(args))),
+                cast(dict[str, Any], normalize_json(dict(kwargs))),
+            )
         except TypeError as exc:
             raise TypeError(
                 f"The arguments of task {task.module_path} must be JSON-serializable: {exc}"
@@ -226,7 +232,7 @@ class OutboxTaskBackend(BaseTaskBackend):
         """The ``TaskResult`` of a row (*task*: the task it was enqueued from, if known)."""
         task = task or load_task(record.task_path)
         run_after = record.process_after if record.process_after != record.created_at else None
-        kept = {
+        kept: dict[str, Any] = {
             "priority": record.priority,
             "queue_name": record.queue_name,
             "backend": record.backend,
@@ -237,7 +243,7 @@ class OutboxTaskBackend(BaseTaskBackend):
         status = STATUS[record.state]
         if status is TaskResultStatus.RUNNING and record.started_at is None:
             status = TaskResultStatus.READY  # dispatched in a chunk, not started yet
-        result = TaskResult(
+        result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(record.pk),
             status=status,
