@@ -1,7 +1,8 @@
 """Settings for the test suite.
 
-``DATABASE_URL`` selects the database: unset or empty means SQLite (the fast tier),
-a ``postgres://`` URL means the PostgreSQL tier. ``python3 dev.py test`` runs both.
+``DATABASE_URL`` selects the database: unset or empty means SQLite, a ``postgres://``
+URL means PostgreSQL. ``pytest --postgres`` sets it before these settings load
+(``tests/postgres_plugin.py``); ``python3 dev.py test`` runs both tiers.
 """
 
 from __future__ import annotations
