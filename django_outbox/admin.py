@@ -9,7 +9,7 @@ staff user can look but not act. Changelists of the large tables never run an ex
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, cast
 
@@ -151,7 +151,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def _has(codename: str):
+def _has(codename: str) -> Callable[[admin.ModelAdmin, HttpRequest], bool]:
     def check(self: admin.ModelAdmin, request: HttpRequest) -> bool:
         return request.user.has_perm(f"django_outbox.{codename}")
 

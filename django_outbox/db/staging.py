@@ -46,7 +46,7 @@ class TakenJob:
     run_after: datetime | None
 
 
-def _model():
+def _model() -> type[StagedJob]:
 
     return StagedJob
 
@@ -130,9 +130,10 @@ def keep_with_error(job: TakenJob, error: str) -> None:
         kwargs=job.kwargs,
         q_options=job.q_options,
         idempotency_key=job.idempotency_key,
-        created_at=job.created_at,
         run_after=job.run_after,
         last_error=error,
+        # A row taken from the table has its time; one never staged gets the database's.
+        **({} if job.created_at is None else {"created_at": job.created_at}),
     )
 
 
