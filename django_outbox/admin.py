@@ -9,8 +9,9 @@ staff user can look but not act. Changelists of the large tables never run an ex
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -55,7 +56,8 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return self.object_list.values("pk")[:COUNT_CAP].count()
+        queryset = cast(QuerySet, self.object_list)  # the admin pages querysets
+        return queryset.values("pk")[:COUNT_CAP].count()
 
 
 class StreamFilter(admin.SimpleListFilter):
@@ -146,7 +148,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def _has(codename: str):
+def _has(codename: str) -> Callable[[admin.ModelAdmin, HttpRequest], bool]:
     def check(self: admin.ModelAdmin, request: HttpRequest) -> bool:
         return request.user.has_perm(f"django_outbox.{codename}")
 
@@ -159,8 +161,8 @@ def _has(codename: str):
 class BufferEventAdmin(ReadOnlyAdmin):
     """Any buffer model: its rows, unclaimed or in a group."""
 
-    list_display = ("id", "created_at", "group_id")
-    list_filter = (("group_id", admin.EmptyFieldListFilter),)
+    list_display: tuple[str, ...] = ("id", "created_at", "group_id")
+    list_filter: ClassVar[tuple[Any, ...]] = (("group_id", admin.EmptyFieldListFilter),)
     search_fields = ("=id", "=group_id")
     ordering = ("-id",)
 
@@ -191,7 +193,7 @@ class UniqueJobAdmin(ReadOnlyAdmin):
     A dispatched job that no worker started shows as *dispatched*: it still holds its
     unique key (an enqueue of the key returns it)."""
 
-    list_display = (
+    list_display: tuple[str, ...] = (
         "id",
         "stage",
         "attempt",
@@ -200,9 +202,9 @@ class UniqueJobAdmin(ReadOnlyAdmin):
         "finished_at",
         "short_error",
     )
-    list_filter = (StageFilter,)
+    list_filter: ClassVar[tuple[Any, ...]] = (StageFilter,)
     search_fields = ("=id",)
-    text_search_fields = ("last_error",)
+    text_search_fields: tuple[str, ...] = ("last_error",)
     ordering = ("-id",)
 
     @admin.display(description="state", ordering="state")

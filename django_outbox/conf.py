@@ -18,6 +18,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db.models import Model
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
@@ -184,7 +185,7 @@ class StreamConfig:
         return cls(name=name, **STREAM_OPTIONS.effective(options))
 
     @property
-    def model_class(self) -> type:
+    def model_class(self) -> type[Model]:
         """The buffer model class (``app_label.ModelName`` resolved through the registry)."""
 
         return apps.get_model(self.model)

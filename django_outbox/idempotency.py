@@ -171,6 +171,7 @@ class idempotent:
             try:
                 result = guard.result if self.store_result else None
                 _check_json(guard, result)
+                assert guard.key_id is not None  # claimed: a key that existed is done
                 sql.complete(guard.key_id, result, self._ttl_seconds())
             except BaseException as error:
                 atomic.__exit__(type(error), error, error.__traceback__)

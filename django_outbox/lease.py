@@ -31,6 +31,7 @@ from django.db.models.functions import Now
 from django_outbox.backoff import backoff_seconds
 from django_outbox.db import connection_for
 from django_outbox.db import leases as leases_sql
+from django_outbox.db.base import column_name, concrete_field
 from django_outbox.exceptions import LeaseLost
 
 #: Stored errors keep at most this many characters (their end).
@@ -164,7 +165,7 @@ class LeaseTable:
 
         The same one statement: the fields come back with the lease, at no extra cost.
         """
-        fields = [self.model._meta.get_field(name) for name in returning]
+        fields = [concrete_field(self.model, name) for name in returning]
         taken = leases_sql.take(
             self.model,
             pk,
@@ -173,7 +174,7 @@ class LeaseTable:
             where=where,
             running=self.running if next_attempt else None,
             stamp=(*stamp, self.touch) if self.touch else stamp,
-            returning=[field.column for field in fields],
+            returning=[column_name(field) for field in fields],
         )
         if taken is None:
             return None

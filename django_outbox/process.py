@@ -149,7 +149,7 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
             logger.warning("Lease lost: %s", batch)
             return ProcessOutcome.LEASE_LOST
         except Exception as exc:
-            cause = exc.__cause__ if isinstance(exc, _FinalizeFailed) else exc
+            cause = (exc.__cause__ or exc) if isinstance(exc, _FinalizeFailed) else exc
             outage = is_transient(cause, alias)
             if outage and rerun < OUTAGE_RERUNS and await_database(alias, config.outage_seconds):
                 logger.warning(

@@ -20,7 +20,7 @@ from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, database_now
 from django_outbox.db import idempotency as keys_sql
 from django_outbox.models import ArchivedEvent, IdempotencyKey, Outcome
-from django_outbox.models.unique import all_kinds
+from django_outbox.models.unique import UniqueJob, all_kinds
 from django_outbox.unique.options import kind_options
 
 DEFAULT_BATCH_SIZE = 5000
@@ -33,6 +33,11 @@ class PruneTarget:
     label: str
     model: type[models.Model]
     due: Callable[[datetime], models.QuerySet]
+
+
+def _finished_jobs(kind: type[UniqueJob]) -> Callable[[datetime], models.QuerySet]:
+    """The due rows of a job kind: its finished jobs past retention, whatever *now*."""
+    return lambda now: kind.prunable()
 
 
 @dataclass
@@ -73,7 +78,7 @@ def prune_targets(streams: list[str] | None = None) -> list[PruneTarget]:
                 PruneTarget(
                     f"unique jobs {kind._meta.label} (finished, older than {days} days)",
                     kind,
-                    lambda now, kind=kind: kind.prunable(),
+                    _finished_jobs(kind),
                 )
             )
     return targets

@@ -261,6 +261,7 @@ class _Run:
     def next_group(self, *, full: bool) -> ClaimResult | None:
         """Claim this run's next group, or return None when the run ends here."""
         now = time.monotonic()
+        state: StreamState | None
         if full and self.state is not None and now - self.state_read_at < RECHECK_SECONDS:
             state = self.state
         elif full:
@@ -342,7 +343,7 @@ def run(
     """
     config = get_stream(stream)
     loop = _Run(config, budget)
-    outcomes = []
+    outcomes: list[ProcessOutcome] = []
     if group_id is not None:
         outcome = process_group(stream, group_id)
         if outcome is ProcessOutcome.SKIPPED:

@@ -66,7 +66,7 @@ _local = threading.local()
 def capture() -> Iterator[deque[Job]]:
     """Collect enqueued jobs in a deque instead of sending them to django-q2."""
     previous = getattr(_local, "queue", None)
-    _local.queue = queue = deque()
+    _local.queue = queue = deque[Job]()
     try:
         yield queue
     finally:

@@ -1,17 +1,17 @@
 """Test tiers and shared fixtures.
 
-* fast tier: every test not marked ``postgres``, on whichever database DATABASE_URL names
-  (SQLite when unset);
-* PostgreSQL tier: the whole suite again on PostgreSQL, including tests marked
-  ``postgres``; with ``OUTBOX_REQUIRE_POSTGRES=1`` the run fails unless it really
-  talks to PostgreSQL;
-* process tier: tests marked ``process`` start real qcluster or worker subprocesses.
+* SQLite tier (``pytest``): every test not marked ``postgres``, on SQLite unless
+  ``DATABASE_URL`` names another database;
+* PostgreSQL tier (``pytest --postgres``, see ``tests/postgres_plugin.py``): the whole
+  suite again on PostgreSQL, including tests marked ``postgres``; the run fails unless it
+  really talks to PostgreSQL;
+* process tier: tests marked ``process`` start real qcluster or worker subprocesses
+  (``pytest -m "not process"`` is the fast loop that leaves them out).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import deque
 from collections.abc import Iterator
 
@@ -28,21 +28,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if connection.vendor == "postgresql":
         return
-    skip = pytest.mark.skip(reason="PostgreSQL tier (runs when DATABASE_URL names PostgreSQL)")
+    skip = pytest.mark.skip(reason="PostgreSQL tier (runs with pytest --postgres)")
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if os.environ.get("OUTBOX_REQUIRE_POSTGRES") == "1":
-        from django.db import connection
-
-        if connection.vendor != "postgresql":
-            raise pytest.UsageError(
-                "OUTBOX_REQUIRE_POSTGRES=1 but the test database is "
-                f"{connection.vendor!r}: set DATABASE_URL to a PostgreSQL server."
-            )
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,8 @@
 """Settings for the test suite.
 
-``DATABASE_URL`` selects the database: unset or empty means SQLite (the fast tier),
-a ``postgres://`` URL means the PostgreSQL tier. ``python3 dev.py test`` runs both.
+``DATABASE_URL`` selects the database: unset or empty means SQLite, a ``postgres://``
+URL means PostgreSQL. ``pytest --postgres`` sets it before these settings load
+(``tests/postgres_plugin.py``); ``python3 dev.py test`` runs both tiers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import django
@@ -101,7 +103,7 @@ else:
         }
     }
 
-Q_CLUSTER = {
+Q_CLUSTER: dict[str, Any] = {
     "name": "outbox-tests",
     "orm": "default",
     "workers": 2,
@@ -120,7 +122,7 @@ if os.environ.get("OUTBOX_TEST_REDIS_URL"):
     Q_CLUSTER["redis"] = os.environ["OUTBOX_TEST_REDIS_URL"]
     Q_CLUSTER["cluster_name"] = os.environ.get("OUTBOX_TEST_Q_NAME", Q_CLUSTER["name"])
 
-DJANGO_OUTBOX = {
+DJANGO_OUTBOX: dict[str, Any] = {
     "STREAMS": {
         "marketing": {
             "HANDLER": "marketing.outbox.sync_activities",
@@ -175,7 +177,7 @@ if os.environ.get("OUTBOX_TEST_CRASH"):
 
 # The database-restart test (tests/test_db_restart.py) drains two streams through a
 # cluster of its own on a throwaway server; its children switch them on.
-OUTAGE_STREAMS = {
+OUTAGE_STREAMS: dict[str, dict[str, Any]] = {
     # Exactly-once database effects: the handler's HandledCall row commits with the archive.
     "outage_tx": {"HANDLER": "tests.testapp.handlers.record", "TRANSACTIONAL": True},
     # At-least-once: the HandledCall row commits before the finalize.

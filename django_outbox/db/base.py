@@ -16,6 +16,21 @@ from django_outbox.db.dialect import dialect_of
 from django_outbox.models import ArchivedEvent
 
 
+def concrete_field(model: type[Model], name: str) -> Field[Any, Any]:
+    """The field *name* of *model* that is a column of its table."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, Field) or field.column is None:
+        raise FieldDoesNotExist(f"{model._meta.label}.{name} is not a column of its table")
+    return field
+
+
+def column_name(field: Field[Any, Any]) -> str:
+    """The column of a concrete field (a field without one has no place in a statement)."""
+    if field.column is None:
+        raise FieldDoesNotExist(f"{field} has no column")
+    return field.column
+
+
 class BufferOps:
     """Set-based statements over one buffer table (one instance per model and connection).
 
@@ -36,7 +51,7 @@ class BufferOps:
         self.table = qn(model._meta.db_table)
         self.archive_table = qn(_archive_model()._meta.db_table)
         self.qn = qn
-        self.group_field = model._meta.get_field("group_id")
+        self.group_field = concrete_field(model, "group_id")
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -129,7 +144,8 @@ class BufferOps:
     ) -> tuple[str, list[Any]]:
         """The statement that reads a group's rows (all concrete columns by default)."""
         columns = ", ".join(
-            self.qn(field.column) for field in (list(fields) or self.model._meta.concrete_fields)
+            self.qn(column_name(field))
+            for field in (list(fields) or self.model._meta.concrete_fields)
         )
         return (
             f"SELECT {columns} FROM {self.table} WHERE group_id = %s ORDER BY id",
@@ -139,7 +155,7 @@ class BufferOps:
     def _column_field(self, name: str) -> Field:
         opts = self.model._meta
         try:
-            field = opts.get_field(name)
+            field = concrete_field(self.model, name)
         except FieldDoesNotExist:
             field = None
         if field is None or field not in opts.concrete_fields:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -43,7 +44,7 @@ class Dialect:
     #: the first ANALYZE, and old ones after a burst).
     index_order: str
 
-    def seconds_from_now(self, seconds: float) -> tuple[str, list[object]]:
+    def seconds_from_now(self, seconds: float) -> tuple[str, list[Any]]:
         """SQL for the database's time *seconds* from now, and its parameters."""
         if self.vendor == "postgresql":
             return f"{self.now} + %s * interval '1 second'", [seconds]
@@ -58,7 +59,7 @@ class Dialect:
         """
         return f"id = ANY(ARRAY({select}))" if self.vendor == "postgresql" else f"id IN ({select})"
 
-    def in_ids(self, ids: Sequence[int], *, negate: bool = False) -> tuple[str, list[object]]:
+    def in_ids(self, ids: Sequence[int], *, negate: bool = False) -> tuple[str, list[Any]]:
         """``id IN`` a list given as one parameter, whatever its length."""
         if self.vendor == "postgresql":
             return ("NOT (id = ANY(%s))" if negate else "id = ANY(%s)"), [list(ids)]

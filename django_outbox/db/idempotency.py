@@ -25,7 +25,7 @@ class StoredKey:
     result: Any
 
 
-def _model():
+def _model() -> type[IdempotencyKey]:
 
     return IdempotencyKey
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Model
 
 from django_outbox.db import connection_for
+from django_outbox.db.base import column_name
 from django_outbox.db.dialect import dialect_of
 
 
@@ -41,7 +42,7 @@ def take(
         assignments[:0] = ["state = %s", "attempt = attempt + 1"]
         params[:0] = [running]
     assignments += [f"{qn(column)} = {dialect.now}" for column in stamp]
-    conditions = [f"{qn(model._meta.pk.column)} = %s"]
+    conditions = [f"{qn(column_name(model._meta.pk))} = %s"]
     params.append(model._meta.pk.get_db_prep_value(pk, connection))
     for column, value in where.items():
         if value is None:

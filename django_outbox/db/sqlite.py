@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import models
 
-from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps, Move
+from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps, Move, column_name
 
 
 class SQLiteBufferOps(BufferOps):
@@ -21,17 +21,18 @@ class SQLiteBufferOps(BufferOps):
         """Return a ``json_object(...)`` expression over the row's concrete columns."""
         parts = []
         for field in self.model._meta.concrete_fields:
-            column = self.qn(field.column)
+            name = column_name(field)
+            quoted = self.qn(name)
             if isinstance(field, models.JSONField):
-                value = f"json({column})"
+                value = f"json({quoted})"
             elif isinstance(field, models.BinaryField):
                 # json_object() takes no blob: the hex form PostgreSQL's to_jsonb() gives.
                 value = (
-                    f"CASE WHEN {column} IS NULL THEN NULL ELSE '\\x' || lower(hex({column})) END"
+                    f"CASE WHEN {quoted} IS NULL THEN NULL ELSE '\\x' || lower(hex({quoted})) END"
                 )
             else:
-                value = column
-            key = field.column.replace("'", "''")
+                value = quoted
+            key = name.replace("'", "''")
             parts.append(f"'{key}', {value}")
         return f"json_object({', '.join(parts)})"
 

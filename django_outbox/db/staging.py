@@ -44,7 +44,7 @@ class TakenJob:
     kwargs: dict[str, Any]
     q_options: dict[str, Any]
     idempotency_key: str
-    created_at: datetime
+    created_at: datetime | None  # None: not staged, handed to the broker at once
     run_after: datetime | None
     #: Forwards to a broker that can lose jobs, this one included.
     forward_count: int = 0
@@ -52,7 +52,7 @@ class TakenJob:
     last_error: str = ""
 
 
-def _model():
+def _model() -> type[StagedJob]:
 
     return StagedJob
 
@@ -177,10 +177,11 @@ def keep_with_error(job: TakenJob, error: str) -> None:
         kwargs=job.kwargs,
         q_options=job.q_options,
         idempotency_key=job.idempotency_key,
-        created_at=job.created_at,
         run_after=job.run_after,
         forward_count=job.forward_count,
         last_error=error,
+        # A row taken from the table has its time; one never staged gets the database's.
+        **({} if job.created_at is None else {"created_at": job.created_at}),
     )
 
 

@@ -9,7 +9,7 @@ changed.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -44,17 +44,17 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _payload_pairs(spec: TriggerSpec, qn, row: str, operation: str) -> str:
+def _payload_pairs(spec: TriggerSpec, qn: Callable[[str], str], row: str, operation: str) -> str:
     pairs = [f"'op', {_literal(operation)}"]
     pairs += [f"{_literal(k)}, {row}.{qn(c)}" for k, c in zip(spec.keys, spec.columns, strict=True)]
     return ", ".join(pairs)
 
 
-def _changed(spec: TriggerSpec, qn, distinct: str) -> str:
+def _changed(spec: TriggerSpec, qn: Callable[[str], str], distinct: str) -> str:
     return " OR ".join(f"OLD.{qn(c)} {distinct} NEW.{qn(c)}" for c in spec.columns)
 
 
-def _event(spec: TriggerSpec, qn, op: str) -> tuple[str, str]:
+def _event(spec: TriggerSpec, qn: Callable[[str], str], op: str) -> tuple[str, str]:
     """The trigger's event clause for *op*, and the row its payload is built from."""
     if op == "update":
         return "UPDATE OF " + ", ".join(qn(c) for c in spec.columns), "NEW"
@@ -86,7 +86,7 @@ def drop_statements(connection: BaseDatabaseWrapper, spec: TriggerSpec) -> list[
     ] + [f"DROP FUNCTION IF EXISTS {qn(spec.base_name)}()"]
 
 
-def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
+def _postgres_create(spec: TriggerSpec, qn: Callable[[str], str]) -> list[str]:
     insert = (
         f"INSERT INTO {qn(spec.buffer)} (created_at, stream, payload) "
         f"VALUES ({POSTGRESQL.now}, {_literal(spec.stream)}, "
@@ -116,7 +116,7 @@ def _postgres_create(spec: TriggerSpec, qn) -> list[str]:
     return statements
 
 
-def _sqlite_create(spec: TriggerSpec, qn) -> list[str]:
+def _sqlite_create(spec: TriggerSpec, qn: Callable[[str], str]) -> list[str]:
     now = SQLITE.now.replace("%%", "%")
     statements = []
     for op in spec.on:

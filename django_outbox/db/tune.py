@@ -7,9 +7,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+if TYPE_CHECKING:
+    from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrapper
 
 PARAMETER = re.compile(r"^autovacuum_[a-z_]+$")
 
@@ -78,7 +81,7 @@ def server_settings(connection: BaseDatabaseWrapper) -> dict[str, str]:
 def server_version(connection: BaseDatabaseWrapper) -> int:
     """The server's version number, e.g. 160004."""
     connection.ensure_connection()
-    return int(connection.pg_version)
+    return int(cast("PostgresWrapper", connection).pg_version)
 
 
 def explain(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> dict[str, Any]:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.db.models import Field, Model
+from django.db.models import Field
 
 from django_outbox.db import connection_for
+from django_outbox.db.base import column_name, concrete_field
 from django_outbox.db.dialect import dialect_of
 from django_outbox.unique.options import kind_options
+
+if TYPE_CHECKING:
+    from django_outbox.models.unique import UniqueJob
 
 PENDING, RUNNING, PROCESSED = "pending", "running", "processed"
 #: The condition of the unique index over the unique fields: jobs no worker started,
@@ -32,7 +36,7 @@ ADVISORY_NAMESPACE = 7_270_001
 class JobTable:
     """Statements over one kind's table; every one a constant cost whatever its size."""
 
-    def __init__(self, model: type[Model]) -> None:
+    def __init__(self, model: type[UniqueJob]) -> None:
 
         self.model = model
         self.options = kind_options(model)
@@ -45,7 +49,7 @@ class JobTable:
         self._kept_cursor: tuple[Any, Any] | None = None  # (raw connection, its cursor)
 
     def columns(self, names: Sequence[str]) -> list[str]:
-        return [self.qn(self.model._meta.get_field(name).column) for name in names]
+        return [self.qn(column_name(concrete_field(self.model, name))) for name in names]
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         cursor = self._cursor()
@@ -71,7 +75,7 @@ class JobTable:
         self,
         values: Sequence[tuple[Field, Any]],
         process_after: datetime | float | None,
-    ) -> Model | None:
+    ) -> UniqueJob | None:
         """Insert a pending job unless one with the same unique key has not started.
 
         *values* are (field, database value) pairs of the payload; *process_after* is an
@@ -101,7 +105,8 @@ class JobTable:
             return []
         if common and len(rows) == 1:  # one row: a plain VALUES list is cheaper to plan
             rows, common = [[*common, *rows[0]]], ()
-        names = [self.qn(field.column) for field, _ in rows[0]]
+        names = [self.qn(column_name(field)) for field, _ in rows[0]]
+        after_params: list[Any]
         if process_after is None:
             after_sql, after_params = self.now, []
         elif isinstance(process_after, datetime):
@@ -114,10 +119,12 @@ class JobTable:
             target = ", ".join(self.columns(self.options.unique_fields))
             conflict = f" ON CONFLICT ({target}) WHERE {UNSTARTED_SQL} DO NOTHING"
         meta = self.model._meta
-        fields = (
-            meta.concrete_fields if returning is None else [meta.get_field(n) for n in returning]
+        fields: Sequence[Field[Any, Any]] = (
+            meta.concrete_fields
+            if returning is None
+            else [concrete_field(self.model, n) for n in returning]
         )
-        returned = ", ".join(self.qn(field.column) for field in fields)
+        returned = ", ".join(self.qn(column_name(field)) for field in fields)
         columns = [
             *names,
             "state",
@@ -141,7 +148,7 @@ class JobTable:
                 *(cast(f, f"v.column{i}") for i, f in enumerate(fields_of_row, start=1)),
                 *bookkeeping,
             ]
-            columns = [self.qn(field.column) for field, _ in common] + columns
+            columns = [self.qn(column_name(field)) for field, _ in common] + columns
             params += [value for _, value in common] + after_params
             row_sql = ", ".join(["%s"] * len(names))
             for values in rows:
@@ -194,7 +201,7 @@ class JobTable:
             values.append(value)
         return tuple(values)
 
-    def _instance(self, fields: Sequence[Field], row: Sequence[Any]) -> Model:
+    def _instance(self, fields: Sequence[Field], row: Sequence[Any]) -> UniqueJob:
         """Build a model instance from raw column values, converted as the ORM would."""
         values = self._values(fields, row)
         return self.model.from_db(self.alias, [field.attname for field in fields], list(values))
@@ -406,8 +413,9 @@ class JobTable:
         now = self.now
         flush = "" if self.connection.in_atomic_block else self.dialect.no_flush_wait
         # An empty list stands as one NULL id, which matches no row.
-        finish_pairs = [(pk, attempt) for pk, attempt, _ in finishes] or [(None, None)]
-        start_pairs = list(starts) or [(None, None)]
+        none: list[tuple[int | None, int | None]] = [(None, None)]
+        finish_pairs = [(pk, attempt) for pk, attempt, _ in finishes] or none
+        start_pairs = list(starts) or none
         finish_ids = [pk for pk, _ in finish_pairs]
         done = f"id IN ({_placeholders(len(finish_ids))})"
         extra, extra_params = "", []
@@ -415,7 +423,7 @@ class JobTable:
             column = self.columns([self.options.result_field])[0]
             cases = " ".join(["WHEN id = %s THEN %s"] * len(finish_pairs))
             extra += f", {column} = CASE {cases} ELSE {column} END"
-            for pk, _, result in finishes or [(None, None, None)]:
+            for pk, _, result in finishes or [(None, None, None)]:  # type: ignore[list-item]
                 extra_params += [pk, result]
         if self.options.workers_field:
             column = self.columns([self.options.workers_field])[0]

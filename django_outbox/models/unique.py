@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django.apps import apps
 from django.db import models
@@ -103,6 +103,9 @@ class UniqueJob(models.Model):
     ``enqueue`` is what keeps one job per key waiting to start.
     """
 
+    #: The effective options, cached on each kind by :func:`kind_options`.
+    _kind_options: ClassVar[KindOptions]
+
     id = models.BigAutoField(primary_key=True)
     state = models.CharField(
         max_length=16, choices=JobState.choices, default=JobState.PENDING, editable=False
@@ -126,7 +129,7 @@ class UniqueJob(models.Model):
     def __str__(self) -> str:
         return f"{self._meta.label} #{self.pk} ({self.state}, attempt {self.attempt})"
 
-    def perform(self, heartbeat: Callable[[], None]) -> None:
+    def perform(self, heartbeat: Callable[[], None]) -> Any:
         """Do the job's work. Override it.
 
         Call ``heartbeat()`` more often than every ``lease_seconds`` when the work may
@@ -269,7 +272,7 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
             name=index_name(table, "done", ["finished_at"]),
         )
     )
-    ours = {item.name for item in [*constraints, *indexes]}
+    ours = {c.name for c in constraints} | {i.name for i in indexes}
     meta = sender._meta
     meta.constraints = [c for c in meta.constraints if c.name not in ours] + constraints
     meta.indexes = [i for i in meta.indexes if i.name not in ours] + indexes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.checks import CheckMessage
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -71,8 +71,8 @@ class OutboxTask(Task):
         **changes: Any,
     ) -> OutboxTask:
         """``Task.using()``, and the keys of the calls of the returned task."""
-        task = Task.using(self, **changes)
-        keys = {"unique_key": unique_key, "idempotency_key": idempotency_key}
+        task = cast(OutboxTask, Task.using(self, **changes))  # a replace(): the same class
+        keys: dict[str, Any] = {"unique_key": unique_key, "idempotency_key": idempotency_key}
         keys = {name: value for name, value in keys.items() if value is not None}
         return replace(task, **keys) if keys else task
 
@@ -80,7 +80,8 @@ class OutboxTask(Task):
         self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
     ) -> list[TaskResult]:
         """Enqueue one task per ``(args, kwargs)`` pair, in bulk (see the backend's)."""
-        return self.get_backend().enqueue_many(self, calls)
+        backend = cast("OutboxTaskBackend", self.get_backend())
+        return backend.enqueue_many(self, calls)
 
 
 class OutboxTaskBackend(BaseTaskBackend):
@@ -126,7 +127,9 @@ class OutboxTaskBackend(BaseTaskBackend):
             key,
             connection_for(TaskRecord).alias,
         )
-        return found if created else self.result_of(found, task)
+        if created:
+            return cast(TaskResult, found)
+        return self.result_of(cast("TaskRecord", found), task)
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
@@ -176,7 +179,7 @@ class OutboxTaskBackend(BaseTaskBackend):
             arguments = arguments[: len(created)]
         results = []
         for (pk, created_at), (args, kwargs) in zip(created, arguments, strict=True):
-            result = TaskResult(
+            result: TaskResult[Any, Any] = TaskResult(
                 task=task,
                 id=str(pk),
                 status=TaskResultStatus.READY,
@@ -200,7 +203,10 @@ class OutboxTaskBackend(BaseTaskBackend):
     ) -> tuple[list[Any], dict[str, Any]]:
         """The call's arguments as JSON (normalized as Django does)."""
         try:
-            return normalize_json(list(args)), normalize_json(dict(kwargs))
+            return (
+                cast(list[Any], normalize_json(list(args))),
+                cast(dict[str, Any], normalize_json(dict(kwargs))),
+            )
         except TypeError as exc:
             raise TypeError(
                 f"The arguments of task {task.module_path} must be JSON-serializable: {exc}"
@@ -228,7 +234,7 @@ class OutboxTaskBackend(BaseTaskBackend):
         """The ``TaskResult`` of a row (*task*: the task it was enqueued from, if known)."""
         task = task or load_task(record.task_path)
         run_after = record.process_after if record.process_after != record.created_at else None
-        kept = {
+        kept: dict[str, Any] = {
             "priority": record.priority,
             "queue_name": record.queue_name,
             "backend": record.backend,
@@ -239,7 +245,7 @@ class OutboxTaskBackend(BaseTaskBackend):
         from django_outbox.models.unique import stage_of
 
         status = STATUS[stage_of(record)]
-        result = TaskResult(
+        result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(record.pk),
             status=status,

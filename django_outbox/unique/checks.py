@@ -15,7 +15,7 @@ from django.core.checks import CheckMessage, Error, register
 from django.db import models
 
 from django_outbox.checks import errors_of
-from django_outbox.models.unique import BOOKKEEPING_FIELDS, all_kinds
+from django_outbox.models.unique import BOOKKEEPING_FIELDS, UniqueJob, all_kinds
 from django_outbox.options import is_positive_number
 from django_outbox.transport import cluster_options
 from django_outbox.unique.options import OPTIONS, declared_options
@@ -33,7 +33,7 @@ def check_unique_kinds(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
     return errors
 
 
-def check_kind(model: type) -> list[CheckMessage]:
+def check_kind(model: type[UniqueJob]) -> list[CheckMessage]:
     """Return the errors of one kind's options and ``perform()``."""
     label = model._meta.label
     job = getattr(model, "Job", None)
@@ -72,7 +72,9 @@ def check_kind(model: type) -> list[CheckMessage]:
     return errors
 
 
-def _check_fields(model: type, option: str, value: Any, nullable_keys: Any) -> list[CheckMessage]:
+def _check_fields(
+    model: type[UniqueJob], option: str, value: Any, nullable_keys: Any
+) -> list[CheckMessage]:
     label = model._meta.label
     if value is None and option == "unique_while_executing":
         return []
@@ -147,7 +149,7 @@ NAMED_FIELDS = {
 
 
 def _check_named_field(
-    model: type, option: str, name: Any, kind: FieldOption
+    model: type[UniqueJob], option: str, name: Any, kind: FieldOption
 ) -> list[CheckMessage]:
     """``priority_field``, ``result_field``, ``workers_field``: a fitting payload field, or None."""
     if name is None:
@@ -168,7 +170,7 @@ def _check_named_field(
     ]
 
 
-def _check_backoff(model: type, base: Any, cap: Any) -> list[CheckMessage]:
+def _check_backoff(model: type[UniqueJob], base: Any, cap: Any) -> list[CheckMessage]:
     if not (is_positive_number(base) and is_positive_number(cap)) or cap >= base:
         return []  # a bad value is reported by the option table
     return [
@@ -182,7 +184,7 @@ def _check_backoff(model: type, base: Any, cap: Any) -> list[CheckMessage]:
     ]
 
 
-def _check_cluster(model: type, cluster: Any) -> list[CheckMessage]:
+def _check_cluster(model: type[UniqueJob], cluster: Any) -> list[CheckMessage]:
     if not (isinstance(cluster, str) and cluster) or cluster_options(cluster) is not None:
         return []  # None, a defined cluster, or a bad value the option table reports
     return [

@@ -21,6 +21,7 @@ from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from django_outbox.conf import outbox_settings
+from django_outbox.db.base import concrete_field
 from django_outbox.db.unique import JobTable
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
@@ -59,8 +60,8 @@ def enqueue(
     draft = _draft(model, fields, "enqueue")
     values = _payload_values(draft, table)
     unique = {
-        model._meta.get_field(name).attname: getattr(draft, model._meta.get_field(name).attname)
-        for name in table.options.unique_fields
+        attname: getattr(draft, attname)
+        for attname in (concrete_field(model, name).attname for name in table.options.unique_fields)
     }
 
     def insert() -> UniqueJob | None:
@@ -151,7 +152,7 @@ def storable(table: JobTable, values: Iterable[tuple[str, Any]]) -> list[tuple[m
     them, each checked as ``enqueue`` checks it (:class:`JobError` for a value a
     database would refuse or change)."""
     model = table.model
-    return [_prepared(table, model._meta.get_field(name), value) for name, value in values]
+    return [_prepared(table, concrete_field(model, name), value) for name, value in values]
 
 
 def _draft(model: type[UniqueJob], fields: dict[str, Any], call: str) -> UniqueJob:

@@ -20,12 +20,13 @@ import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, JSONField, Q, QuerySet
 from django.db.models.functions import Now
 
+from django_outbox.db.base import concrete_field
 from django_outbox.db.transient import retry_transient
 from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
@@ -158,7 +159,6 @@ def execute_chunk(
         renewed = time.monotonic()  # the group's leases were extended just now
         ours = [(pk, attempt) for pk, attempt in group if pk in started and pk in rows]
         for job_id, attempt in group:
-            job = rows.get(job_id)
             if (job_id, attempt) not in ours:
                 logger.info(
                     "%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt
@@ -179,6 +179,7 @@ def execute_chunk(
                     )
                     outcomes.append(JobOutcome.LEASE_LOST)
                     continue
+            job = rows[job_id]  # ours: a job of the chunk
             job.attempt = attempt
             beat = Heartbeat(model, job_id, attempt, [p for p in ours if p != (job_id, attempt)])
             try:
@@ -229,7 +230,7 @@ def stored_result(table: JobTable, returned: object) -> object:
     name = table.options.result_field
     if name is None:
         return None
-    field = table.model._meta.get_field(name)
+    field = cast(JSONField, concrete_field(table.model, name))  # a check says it is one
     try:
         dumps(returned, cls=field.encoder)
         return field.get_db_prep_save(returned, table.connection)
@@ -362,7 +363,7 @@ def _fail(job: QuerySet, error: str) -> JobOutcome:
 def _unstarted_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | None:
     """The job of the same unique key that no worker started yet (the one holding it)."""
     manager = model._default_manager.using(alias)
-    names = [model._meta.get_field(name).attname for name in kind_options(model).unique_fields]
+    names = [concrete_field(model, name).attname for name in kind_options(model).unique_fields]
     key = manager.filter(pk=job_id).values(*names).first() or {}
     twins = manager.filter(UNSTARTED, **key).exclude(pk=job_id)
     return twins.values_list("pk", flat=True).first()

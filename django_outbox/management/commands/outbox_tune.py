@@ -134,7 +134,7 @@ def _server_line(server: tune.ServerReport) -> str:
     )
 
 
-def _size(size: int) -> str:
+def _size(size: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if size < 1024 or unit == "GB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
