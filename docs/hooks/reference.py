@@ -116,7 +116,7 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "(never while it runs); above every cluster's `timeout` (E057)",
     ("staging", "MAX_FORWARDS"): "with a broker that can lose jobs: a staged job forwarded "
     "this many times that is due again is kept with an error (admin, `outbox_status`, "
-    "metrics) instead of being forwarded again; the admin's \"Forward now\" re-queues it",
+    'metrics) instead of being forwarded again; the admin\'s "Forward now" re-queues it',
     ("staging", "CLUSTER"): "django-q2 cluster that runs the drain schedule",
     # IDEMPOTENCY
     ("idempotency", "RETENTION_DAYS"): "how long a completed key is kept (the default `ttl` "
