@@ -1,7 +1,7 @@
 """The django.tasks backend against django-tasks-db, same machine, same run (Django 6.0+).
 
-Run with ``python3 dev.py bench tasks`` (it makes a Django 6 environment, ``.venv-tasks``,
-with django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is installed.
+Run with ``python3 dev.py bench tasks`` (``tox -e bench-tasks``: Django 6.1 with
+django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is installed.
 
 * end to end: N no-op tasks for each backend, from the commit of their enqueue (the
   clock starts after the last INSERT, so it counts the commit, not the enqueue calls)
