@@ -166,9 +166,9 @@ def execute_chunk(
                 )
                 outcomes.append(JobOutcome.SKIPPED)
                 continue
-            if len(ours) > 1 and time.monotonic() - renewed >= renew_after:
-                # The group waited long for this job (a long one before it): make sure
-                # its lease is still ours before running it.
+            if time.monotonic() - renewed >= renew_after:
+                # The job waited long in its group (a long one before it, which may have
+                # failed or lost its lease since): make sure its lease is still ours.
                 kept = table.renew(ours)
                 renewed = time.monotonic()
                 ours = [pair for pair in ours if pair[0] in kept]
