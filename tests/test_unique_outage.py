@@ -41,18 +41,23 @@ def terminate_worker_connection() -> None:
 
 
 class Outage:
-    """The worker's new connections refused while :attr:`refusals` last (each attempt to
-    connect uses one; ``None``: until :meth:`end`)."""
+    """The database going away for the worker: :meth:`start` drops its connection, and
+    the next *refusals* attempts to connect are refused (``None``: until :meth:`end`)."""
 
     def __init__(self, refusals: int | None) -> None:
         self.refusals = refusals
+        self.started = False
         self.refused = 0
+
+    def start(self) -> None:
+        self.started = True
+        terminate_worker_connection()
 
     def end(self) -> None:
         self.refusals = 0
 
     def connect(self, real, *args, **kwargs):
-        if self.refusals is None or self.refused < self.refusals:
+        if self.started and (self.refusals is None or self.refused < self.refusals):
             self.refused += 1
             raise psycopg.OperationalError("connection refused: the database is restarting")
         return real(*args, **kwargs)
@@ -60,16 +65,9 @@ class Outage:
 
 @contextlib.contextmanager
 def database_away(monkeypatch, refusals: int | None) -> Iterator[Outage]:
-    """From the first use of :meth:`Outage.start` on: the connection dropped, then new
-    ones refused *refusals* times."""
-    outage = Outage(0)
+    """An :class:`Outage` of the worker's connection (from its :meth:`~Outage.start`)."""
+    outage = Outage(refusals)
     real = connection.get_new_connection
-
-    def start() -> None:
-        outage.refusals = refusals
-        terminate_worker_connection()
-
-    outage.start = start  # type: ignore[attr-defined]
     monkeypatch.setattr(
         connection, "get_new_connection", lambda *a, **k: outage.connect(real, *a, **k)
     )
@@ -120,9 +118,7 @@ def states() -> dict[int, tuple[str, int]]:
     return {job.pk: (job.state, job.attempt) for job in KeyedJob.objects.all()}
 
 
-def test_a_connection_dropped_while_a_job_runs_costs_the_chunk_nothing(
-    chunk_of_three, monkeypatch
-):
+def test_a_connection_dropped_while_a_job_runs_costs_the_chunk_nothing(chunk_of_three, monkeypatch):
     """The connection of the worker is terminated while job A of chunk A, B, C runs: the
     statement that records A and starts B reconnects; every job runs once and is
     processed, attempt 1."""
@@ -150,9 +146,7 @@ def test_a_chunk_waits_for_a_database_that_is_away_longer_than_the_quick_retries
     assert set(states().values()) == {(JobState.PROCESSED, 1)}
 
 
-def test_a_failed_attempt_is_recorded_once_the_database_answers_again(
-    chunk_of_three, monkeypatch
-):
+def test_a_failed_attempt_is_recorded_once_the_database_answers_again(chunk_of_three, monkeypatch):
     jobs, chunk = chunk_of_three
     KeyedJob.objects.filter(pk=jobs[0].pk).update(fail_attempts=1)
     with database_away(monkeypatch, refusals=6) as outage:
@@ -168,9 +162,7 @@ def test_a_failed_attempt_is_recorded_once_the_database_answers_again(
     assert "planned failure of attempt 1" in failed.last_error
 
 
-def test_a_job_interrupted_by_the_database_runs_again_under_its_lease(
-    chunk_of_three, monkeypatch
-):
+def test_a_job_interrupted_by_the_database_runs_again_under_its_lease(chunk_of_three, monkeypatch):
     """The connection drops as A starts, so A's own writes fail: not A's fault. A runs
     again, same attempt, once the database answers; it loses no attempt."""
     jobs, chunk = chunk_of_three
@@ -189,9 +181,7 @@ def test_a_job_interrupted_by_the_database_runs_again_under_its_lease(
     assert set(states().values()) == {(JobState.PROCESSED, 1)}
 
 
-def test_a_step_whose_commit_went_through_is_recognized_when_run_again(
-    chunk_of_three, monkeypatch
-):
+def test_a_step_whose_commit_went_through_is_recognized_when_run_again(chunk_of_three, monkeypatch):
     """The statement that records A and starts B commits, but its answer is lost with
     the connection. Run again, it finds A processed and B started by this worker: A is
     not reported late, B runs (it is not left running for its lease)."""
