@@ -10,6 +10,12 @@ A job of a chunk that has not started yet (``started_at`` is NULL) has not used 
 attempt: when its lease expires (its worker died on an earlier job of the chunk) or its
 chunk hands it back (:func:`give_back`), it returns to pending with the attempt not
 counted. Only the job that was running loses an attempt.
+
+A database that goes away for a while (a restart, a failover, a dropped connection)
+costs a chunk nothing: its statements wait for the database to answer again, as the
+stream pipeline's do (:func:`~django_outbox.db.transient.outlast_outage`), for up to
+the kind's ``outage_seconds`` (half the lease, at most a minute), and then record what
+happened; the job it interrupted runs again under its lease.
 """
 
 from __future__ import annotations
@@ -302,9 +308,8 @@ class _ChunkRun:
 
     def _record_done(self, finished: set[int]) -> None:
         for at, (pk, attempt, _) in self.done.items():
-            finished_now = pk in finished
             self.outcomes[at] = (
-                JobOutcome.PROCESSED if finished_now else _late(self.model, pk, attempt)
+                JobOutcome.PROCESSED if pk in finished else _late(self.model, pk, attempt)
             )
         self.done.clear()
 
