@@ -21,7 +21,6 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_outbox.db.transient import outage_seconds
 from django_outbox.exceptions import UnknownStream
 from django_outbox.options import (
     BOOL,
@@ -43,6 +42,21 @@ STREAM_NAME = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 #: The largest batch a stream may claim (``BATCH_SIZE``, or an operator's override):
 #: one claim statement holds this many row locks and one handler call this many rows.
 MAX_BATCH_SIZE = 100_000
+#: A worker whose database goes away mid-run waits at most this long for it.
+OUTAGE_SECONDS_MAX = 60.0
+
+
+def outage_seconds(lease_seconds: float) -> float:
+    """How long a worker holding a lease of *lease_seconds* (a group's, a job's) waits
+    mid-run for the database to answer again
+    (:func:`~django_outbox.db.transient.outlast_outage`).
+
+    Half the lease, at most ``OUTAGE_SECONDS_MAX``: the lease outlives the wait, so the
+    work is resumed by the worker that holds it, not rescued by another.
+    """
+    return min(OUTAGE_SECONDS_MAX, lease_seconds / 2)
+
+
 STREAM_OPTIONS = OptionTable(
     Option("HANDLER", None),  # a dotted path: checks E010 to E012
     Option("MODEL", GENERIC_MODEL),  # a buffer model: checks E020 to E022
@@ -188,7 +202,7 @@ class StreamConfig:
     @property
     def outage_seconds(self) -> float:
         """How long a worker waits mid-run for the database to answer again
-        (:func:`~django_outbox.db.transient.outage_seconds` of the lease)."""
+        (:func:`outage_seconds` of the lease)."""
         return outage_seconds(self.lease_seconds)
 
     @property

@@ -36,21 +36,9 @@ CONNECTION_EXCEPTION_CLASS = "08"  # connection_exception and its subclasses
 ATTEMPTS = 3
 #: While waiting for a database to come back, ask it again at most this often.
 POLL_SECONDS = 0.5
-#: A worker whose database goes away mid-run waits at most this long for it.
-OUTAGE_SECONDS_MAX = 60.0
 #: An attempt interrupted by the database going away is run again this many times at
 #: most, each once the database answers again.
 OUTAGE_RERUNS = 2
-
-
-def outage_seconds(lease_seconds: float) -> float:
-    """How long a worker holding a lease of *lease_seconds* waits mid-run for the
-    database to answer again (:func:`outlast_outage`).
-
-    Half the lease, at most ``OUTAGE_SECONDS_MAX``: the lease outlives the wait, so the
-    work is resumed by the worker that holds it, not rescued by another.
-    """
-    return min(OUTAGE_SECONDS_MAX, lease_seconds / 2)
 
 
 def is_transient(exc: BaseException, alias: str) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_outbox.db.transient import outage_seconds
+from django_outbox.conf import outage_seconds
 from django_outbox.options import (
     BOOL,
     CLUSTER,
@@ -93,7 +93,7 @@ class KindOptions:
     @property
     def outage_seconds(self) -> float:
         """How long a worker waits mid-chunk for the database to answer again
-        (:func:`~django_outbox.db.transient.outage_seconds` of the lease)."""
+        (:func:`~django_outbox.conf.outage_seconds` of the lease)."""
         return outage_seconds(self.lease_seconds)
 
     @property
