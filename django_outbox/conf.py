@@ -46,6 +46,18 @@ MAX_BATCH_SIZE = 100_000
 #: A worker whose database goes away mid-run waits at most this long for it.
 OUTAGE_SECONDS_MAX = 60.0
 
+
+def outage_seconds(lease_seconds: float) -> float:
+    """How long a worker holding a lease of *lease_seconds* (a group's, a job's) waits
+    mid-run for the database to answer again
+    (:func:`~django_outbox.db.transient.outlast_outage`).
+
+    Half the lease, at most ``OUTAGE_SECONDS_MAX``: the lease outlives the wait, so the
+    work is resumed by the worker that holds it, not rescued by another.
+    """
+    return min(OUTAGE_SECONDS_MAX, lease_seconds / 2)
+
+
 STREAM_OPTIONS = OptionTable(
     Option("HANDLER", None),  # a dotted path: checks E010 to E012
     Option("MODEL", GENERIC_MODEL),  # a buffer model: checks E020 to E022
@@ -192,12 +204,9 @@ class StreamConfig:
 
     @property
     def outage_seconds(self) -> float:
-        """How long a worker waits mid-run for the database to answer again.
-
-        Half the lease, at most ``OUTAGE_SECONDS_MAX``: the lease outlives the wait, so
-        the work is resumed by the worker that holds it, not rescued by another.
-        """
-        return min(OUTAGE_SECONDS_MAX, self.lease_seconds / 2)
+        """How long a worker waits mid-run for the database to answer again
+        (:func:`outage_seconds` of the lease)."""
+        return outage_seconds(self.lease_seconds)
 
     @property
     def is_generic(self) -> bool:

@@ -30,7 +30,12 @@ from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.db.base import Move
-from django_outbox.db.transient import await_database, is_transient, outlast_outage
+from django_outbox.db.transient import (
+    OUTAGE_RERUNS,
+    await_database,
+    is_transient,
+    outlast_outage,
+)
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.lease import ERROR_LIMIT, clip, describe, worker_identity
 from django_outbox.models import GroupState, OutboxGroup, Outcome
@@ -43,10 +48,6 @@ from django_outbox.signals import (
 )
 
 logger = logging.getLogger("django_outbox")
-
-#: An attempt interrupted by the database going away is run again this many times at
-#: most, each once the database answers again.
-OUTAGE_RERUNS = 2
 
 #: How a group's ``last_error`` notes that dead-lettering it failed.
 DEAD_LETTERING_FAILED = "Dead-lettering failed"

@@ -4,6 +4,7 @@
   test command already uses) in a temporary directory and yields a :class:`Server`
   whose :meth:`Server.restart` stops it (fast shutdown: every session is terminated,
   new connections are refused) and starts it again after a pause;
+* :func:`fresh_rows` reads it on a fresh connection, waiting while it is away;
 * :func:`publish_steadily` is the body of a child process that publishes a steady
   inflow through the ORM and reports which events it knows were committed.
 """
@@ -80,6 +81,22 @@ def restartable_postgres() -> Iterator[Server]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def fresh_rows(conninfo: str, sql: str, *params: object) -> list[tuple]:
+    """The rows of *sql*, read on a fresh connection (the server restarts): tried again
+    for a few seconds while connections are refused."""
+    import psycopg
+
+    for attempt in range(50):
+        try:
+            with psycopg.connect(conninfo, connect_timeout=2) as conn:
+                return conn.execute(sql, params).fetchall()
+        except psycopg.OperationalError:
+            if attempt == 49:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
 def publish_steadily(
     streams: list[str], rate: float, rows_per_commit: int, seconds: float, first: int, out: str
 ) -> None:
@@ -120,3 +137,23 @@ def publish_steadily(
         if pause > 0:
             time.sleep(pause)
     Path(out).write_text(json.dumps({"committed": committed, "unknown": unknown}))
+
+
+def enqueue_backlog(jobs: int, tasks: int) -> None:
+    """Child process: enqueue *jobs* keyed unique jobs (``k0``, ``k1``…) and, where the
+    ``django.tasks`` backend exists, *tasks* tasks of ``tests.taskfuncs.record``
+    (``t0``, ``t1``…), each in one transaction; their commits dispatch the first ones."""
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    from tests.procs import apply_kind_options
+    from tests.uniqueapp.models import KeyedJob
+
+    apply_kind_options()
+    KeyedJob.enqueue_many([{"key": f"k{n}"} for n in range(jobs)])
+    if settings.TASKS_AVAILABLE and tasks:
+        from tests.taskfuncs import record
+
+        record.enqueue_many([((f"t{n}", n), {}) for n in range(tasks)])

@@ -358,13 +358,13 @@ def run_qcluster(log_level: str) -> None:
     import django
 
     django.setup()
-    _override_kind_options()
+    apply_kind_options()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["django", "qcluster"])
 
 
-def _override_kind_options() -> None:
+def apply_kind_options() -> None:
     """Child process: apply ``OUTBOX_TEST_KIND_OPTIONS`` (JSON: kind label -> options),
     as the ``kind_options`` fixture does in the test process."""
     import dataclasses

@@ -21,7 +21,7 @@ from collections import Counter
 import psycopg
 import pytest
 
-from tests.outage import restartable_postgres
+from tests.outage import fresh_rows, restartable_postgres
 from tests.procs import ROOT, child_env, qcluster, running, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.postgres]
@@ -115,15 +115,7 @@ class Database:
         self.conninfo = conninfo
 
     def rows(self, sql: str, *params: object) -> list[tuple]:
-        for attempt in range(50):
-            try:
-                with psycopg.connect(self.conninfo, connect_timeout=2) as conn:
-                    return conn.execute(sql, params).fetchall()
-            except psycopg.OperationalError:
-                if attempt == 49:
-                    raise
-                time.sleep(0.1)
-        raise AssertionError("unreachable")
+        return fresh_rows(self.conninfo, sql, *params)
 
     def archived_max(self) -> int:
         return self.rows("SELECT coalesce(max(id), 0) FROM django_outbox_archivedevent")[0][0]

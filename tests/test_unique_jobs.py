@@ -600,6 +600,37 @@ def test_a_job_of_a_group_that_lost_its_lease_while_waiting_is_not_run(kind_opti
     assert KeyedJob.objects.get(pk=jobs[1].pk).state == JobState.PENDING
 
 
+@pytest.mark.parametrize("mate", ["fails", "loses its lease"])
+def test_a_job_left_alone_in_its_group_is_checked_after_a_long_wait(
+    mate, kind_options, monkeypatch
+):
+    """The first job of a pair runs long (here: longer than a third of the lease, always)
+    and then fails or loses its lease; meanwhile the second's lease expired and a
+    dispatch started it again as attempt 2. Left alone in its group, the second is
+    checked all the same: attempt 1 is not run beside attempt 2."""
+    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=2, lease_seconds=0)
+    jobs, chunk = dispatched_chunk(2)
+    perform = KeyedJob.perform
+
+    def rescue_the_second_then_stop(self, heartbeat):
+        if self.pk == jobs[0].pk:
+            # As a dispatch does once the lease expired: back to pending, started again.
+            retry_or_fail(KeyedJob, jobs[1].pk, chunk[1][1], "lease expired", delay=0)
+            assert JobTable(KeyedJob).start_one(jobs[1].pk) == (jobs[1].pk, 2)
+            if mate == "fails":
+                raise RuntimeError("the first job failed")
+            KeyedJob.objects.filter(pk=self.pk).update(state=JobState.PENDING)
+            heartbeat()  # raises LeaseLost
+        return perform(self, heartbeat)
+
+    monkeypatch.setattr(KeyedJob, "perform", rescue_the_second_then_stop)
+    first = JobOutcome.RETRYING if mate == "fails" else JobOutcome.LEASE_LOST
+    assert execute_chunk(KeyedJob, chunk) == [first, JobOutcome.LEASE_LOST]
+    assert not JobRun.objects.filter(job_id=jobs[1].pk).exists(), "attempt 1 ran beside 2"
+    second = KeyedJob.objects.get(pk=jobs[1].pk)
+    assert (second.state, second.attempt) == (JobState.RUNNING, 2)
+
+
 def test_a_worker_that_dies_mid_chunk_loses_only_the_attempt_it_was_running():
     with transport.capture() as queue:
         with transaction.atomic():

@@ -36,6 +36,9 @@ CONNECTION_EXCEPTION_CLASS = "08"  # connection_exception and its subclasses
 ATTEMPTS = 3
 #: While waiting for a database to come back, ask it again at most this often.
 POLL_SECONDS = 0.5
+#: An attempt interrupted by the database going away is run again this many times at
+#: most, each once the database answers again.
+OUTAGE_RERUNS = 2
 
 
 def is_transient(exc: BaseException, alias: str) -> bool:

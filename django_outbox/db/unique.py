@@ -387,6 +387,8 @@ class JobTable:
         finishes: Sequence[tuple[int, int, Any]],
         starts: Sequence[tuple[int, int]],
         worker: str,
+        *,
+        resumed: bool = False,
     ) -> tuple[set[int], set[int]]:
         """Mark jobs processed and start others, in one statement; either list may be empty.
 
@@ -402,6 +404,12 @@ class JobTable:
         Stamping the start frees a job's unique key (it leaves the index of jobs not
         started): from then on an enqueue of that key creates a new job. Every job of
         *starts* frees its key in this statement, also those that will run after others.
+
+        *resumed*: the same statement runs again after a connection error left unknown
+        whether it committed. A finish then also matches a job already processed in that
+        attempt, and a start a job *worker* already started in it (either is its own
+        doing: only the worker that started an attempt finishes it), without changing
+        either again.
 
         Run on its own (not inside a transaction of the caller's), the statement commits
         without waiting for the log flush (:attr:`Dialect.no_flush_wait`): a server crash
@@ -427,22 +435,33 @@ class JobTable:
                 extra_params += [pk, result]
         if self.options.workers_field:
             column = self.columns([self.options.workers_field])[0]
-            extra += f", {column} = CASE WHEN {done} THEN {column} ELSE {column} || %s END"
+            extra += (
+                f", {column} = CASE WHEN {done} OR started_at IS NOT NULL THEN {column} "
+                f"ELSE {column} || %s END"
+            )
             extra_params += [*finish_ids, f"{worker}\n"]
+        # A running job's finished_at is NULL and a job to start has no started_at: the
+        # COALESCEs keep the times of a step *resumed* after its commit went through.
+        finishing, fence_params = "state = %s", [RUNNING]
+        starting, start_params = "started_at IS NULL", []
+        if resumed:
+            finishing, fence_params = "state IN (%s, %s)", [RUNNING, PROCESSED]
+            starting, start_params = "(started_at IS NULL OR worker = %s)", [worker]
         # The conditions sit inside a CASE so that the planner finds the rows by primary
         # key: a plain "state = 'running'" lets it pick the partial index of running
         # jobs and walk all of them.
         sql = (
             f"UPDATE {self.table} SET "
             f"state = CASE WHEN {done} THEN %s ELSE state END, "
-            f"finished_at = CASE WHEN {done} THEN {now} ELSE finished_at END, "
+            f"finished_at = CASE WHEN {done} THEN COALESCE(finished_at, {now}) "
+            "ELSE finished_at END, "
             f"last_error = CASE WHEN {done} THEN '' ELSE last_error END, "
             f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
-            f"started_at = CASE WHEN {done} THEN started_at ELSE {now} END, "
+            f"started_at = CASE WHEN {done} THEN started_at ELSE COALESCE(started_at, {now}) END, "
             f"worker = CASE WHEN {done} THEN worker ELSE %s END{extra} "
             f"WHERE id IN ({_placeholders(len(finish_pairs) + len(start_pairs))}) "
-            f"AND CASE WHEN {done} THEN state = %s AND {_fence(finish_pairs)} "
-            f"ELSE state = %s AND {_fence(start_pairs)} AND started_at IS NULL END "
+            f"AND CASE WHEN {done} THEN {finishing} AND {_fence(finish_pairs)} "
+            f"ELSE state = %s AND {_fence(start_pairs)} AND {starting} END "
             f"RETURNING id{flush}"
         )
         params = [
@@ -459,10 +478,11 @@ class JobTable:
             *finish_ids,
             *(pk for pk, _ in start_pairs),
             *finish_ids,
-            RUNNING,
+            *fence_params,
             *(value for pair in finish_pairs for value in pair),
             RUNNING,
             *(value for pair in start_pairs for value in pair),
+            *start_params,
         ]
         matched = {int(row[0]) for row in self._rows(sql, params)}
         return (

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 from django.db import IntegrityError, transaction
 
 from django_outbox import transport
-from django_outbox.db.transient import retry_transient
+from django_outbox.db.transient import outlast_outage
 from django_outbox.db.unique import JobTable
 from django_outbox.models.unique import all_kinds, get_kind
 from django_outbox.runs import RUN_SECONDS
 from django_outbox.unique.execute import JobOutcome, execute_chunk, rescue_expired
-from django_outbox.unique.options import KindOptions
+from django_outbox.unique.options import KindOptions, kind_options
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -76,7 +76,9 @@ def chunked(jobs: Sequence[tuple[int, int]], length: int) -> list[list[tuple[int
     return [list(jobs[start : start + length]) for start in range(0, len(jobs), length)]
 
 
-def dispatch(model: type[UniqueJob], *, keep: bool = False, rescue: bool = True) -> DispatchResult:
+def dispatch(
+    model: type[UniqueJob], *, keep: bool = False, rescue: bool = True, wait_seconds: float = 0
+) -> DispatchResult:
     """Rescue the kind's expired leases and start as many ready jobs as slots are free.
 
     The started jobs go to django-q2 in chunks; with *keep*, the first chunk is returned
@@ -84,7 +86,8 @@ def dispatch(model: type[UniqueJob], *, keep: bool = False, rescue: bool = True)
     expired leases are looked for only if this process has not looked for a second
     (``RESCUE_EVERY_SECONDS``): the frequent dispatches after commits and chunks then
     save that query, and a dead worker's jobs still wait a second at most past their
-    lease.
+    lease. A transient error runs the transaction again (a few quick tries); a database
+    that went away is waited for up to *wait_seconds* (a worker between chunks).
     """
     table = JobTable(model)
     looked = (table.alias, model._meta.label)
@@ -118,8 +121,17 @@ def dispatch(model: type[UniqueJob], *, keep: bool = False, rescue: bool = True)
             )
 
     what = f"dispatch of {model._meta.label}"
+
+    def outlasting(one_by_one: bool) -> DispatchResult:
+        return outlast_outage(
+            lambda: dispatch_transaction(one_by_one),
+            table.alias,
+            what=what,
+            wait_seconds=wait_seconds,
+        )
+
     try:
-        result = retry_transient(lambda: dispatch_transaction(False), table.alias, what=what)
+        result = outlasting(False)
     except IntegrityError:
         # The running-jobs index rejected a job of the one-statement start (it is the
         # final guard of a key): the whole transaction rolled back; start one by one.
@@ -127,7 +139,7 @@ def dispatch(model: type[UniqueJob], *, keep: bool = False, rescue: bool = True)
             "Dispatch of %s hit its running-jobs index; starting jobs one by one.",
             model._meta.label,
         )
-        result = retry_transient(lambda: dispatch_transaction(True), table.alias, what=what)
+        result = outlasting(True)
     if result.dispatched or result.rescued:
         logger.info(
             "Dispatched %s job(s) of %s (%s rescued, %s exhausted).",
@@ -206,12 +218,15 @@ def _start(table: JobTable, slots: int, one_by_one: bool) -> list[tuple[int, int
 def run_jobs(
     label: str, jobs: Sequence[Sequence[int]], *, budget: float = RUN_SECONDS
 ) -> list[JobOutcome]:
-    """Run a chunk of jobs, (id, attempt) pairs, then go on with the kind's next chunk.
+    """Run a chunk of jobs, (id, attempt) pairs, then go on with the kind's next chunk;
+    always returns.
 
     After each chunk its slots are free: dispatch starts the next ready jobs and keeps a
     chunk for this worker, which runs it here, until *budget* seconds have passed (then
     every chunk goes to django-q2). No jobs (a commit's wake, :func:`wake_after_commit`):
-    dispatch first. A failed dispatch leaves the kind to its schedule.
+    dispatch first. Those dispatches wait for a database that went away, as the chunk's
+    statements do (the kind's ``outage_seconds``); a dispatch that fails all the same,
+    or a chunk the database interrupted, leaves the kind to its schedule.
     """
     model = get_kind(label)
     deadline = time.monotonic() + budget
@@ -221,6 +236,8 @@ def run_jobs(
         chunk = _kept(model, keep=True, after="a commit's wake")
     while chunk:
         outcomes += execute_chunk(model, chunk, deadline=deadline)
+        if JobOutcome.INTERRUPTED in outcomes:
+            break
         chunk = _kept(model, keep=time.monotonic() < deadline, after="a chunk finished")
     return outcomes
 
@@ -228,7 +245,8 @@ def run_jobs(
 def _kept(model: type[UniqueJob], *, keep: bool, after: str) -> list[tuple[int, int]]:
     """Dispatch *model* in a worker; the chunk it keeps for that worker (none if failed)."""
     try:
-        return list(dispatch(model, keep=keep, rescue=False).kept)
+        wait = kind_options(model).outage_seconds
+        return list(dispatch(model, keep=keep, rescue=False, wait_seconds=wait).kept)
     except Exception:  # the outcomes are recorded; the schedule dispatches later
         logger.warning(
             "Dispatch of %s after %s failed; its schedule will dispatch.",

@@ -10,24 +10,37 @@ A job of a chunk that has not started yet (``started_at`` is NULL) has not used 
 attempt: when its lease expires (its worker died on an earlier job of the chunk) or its
 chunk hands it back (:func:`give_back`), it returns to pending with the attempt not
 counted. Only the job that was running loses an attempt.
+
+A database that goes away for a while (a restart, a failover, a dropped connection)
+costs a chunk nothing: its statements wait for the database to answer again, as the
+stream pipeline's do (:func:`~django_outbox.db.transient.outlast_outage`), for up to
+the kind's ``outage_seconds`` (half the lease, at most a minute), and then record what
+happened; the job it interrupted runs again under its lease.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, cast
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, JSONField, Q, QuerySet
 from django.db.models.functions import Now
 
 from django_outbox.db.base import concrete_field
-from django_outbox.db.transient import retry_transient
+from django_outbox.db.transient import (
+    OUTAGE_RERUNS,
+    await_database,
+    is_transient,
+    outlast_outage,
+)
 from django_outbox.db.unique import JobTable
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.jsondata import dumps
@@ -39,6 +52,8 @@ if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
 
 logger = logging.getLogger("django_outbox")
+
+T = TypeVar("T")
 
 LEASE_EXPIRED = (
     "The lease of attempt {attempt} expired: its worker died, stalled, or was stopped by "
@@ -59,6 +74,8 @@ class JobOutcome(enum.StrEnum):
     SUPERSEDED = "superseded"
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
+    #: The database stayed away: the outcome is not recorded, the lease decides.
+    INTERRUPTED = "interrupted"
 
 
 def leases(model: type[UniqueJob]) -> LeaseTable:
@@ -132,75 +149,203 @@ def execute_chunk(
     recorded at once. The chunk's rows are read once. Once the monotonic *deadline* has
     passed, the jobs not started yet are handed back (:func:`give_back`) for dispatch to
     start again, so one task never holds a worker for long.
+
+    The database going away (a restart, a failover, a dropped connection) costs the
+    chunk nothing: each statement waits for it to answer again, up to the kind's
+    :attr:`~KindOptions.outage_seconds`, and then records what happened; a job whose
+    ``perform()`` it interrupted runs again under its lease, up to ``OUTAGE_RERUNS``
+    times. A database that stays away longer ends the chunk: every job whose outcome is
+    not recorded is :attr:`JobOutcome.INTERRUPTED`, those not started are handed back
+    if the database answers by then, and the others are left to their lease.
     """
-    label = model._meta.label
-    table = JobTable(model)
-    worker = worker_identity()
-    rows = table.model._default_manager.using(table.alias).in_bulk([pk for pk, _ in chunk])
-    outcomes: list[JobOutcome | None] = []  # in the chunk's order; None: not recorded yet
-    done: dict[int, tuple[int, int, object]] = {}  # outcome slot -> (id, attempt, result)
-    # of the jobs performed, marked processed by the next statement
+    run = _ChunkRun(model, chunk, deadline)
+    try:
+        run.run()
+    except DatabaseError as exc:
+        run.interrupted(exc)
+    return [outcome for outcome in run.outcomes if outcome is not None]
 
-    def record_done(finished: set[int]) -> None:
-        for at, (pk, attempt, _) in done.items():
-            outcomes[at] = JobOutcome.PROCESSED if pk in finished else _late(model, pk, attempt)
-        done.clear()
 
-    renew_after = table.options.lease_seconds / 3
-    index = 0
-    while index < len(chunk):
-        if index and time.monotonic() >= deadline:
-            give_back(model, chunk[index:], why="ran out of time")
-            break
-        group = _next_group(chunk, index, table.options.jobs_per_statement, rows)
-        index += len(group)
-        finished, started = table.steps(list(done.values()), group, worker)
-        record_done(finished)
-        renewed = time.monotonic()  # the group's leases were extended just now
-        ours = [(pk, attempt) for pk, attempt in group if pk in started and pk in rows]
-        for job_id, attempt in group:
-            if (job_id, attempt) not in ours:
-                logger.info(
-                    "%s #%s attempt %s is not ours to run; skipped.", label, job_id, attempt
-                )
-                outcomes.append(JobOutcome.SKIPPED)
-                continue
-            if len(ours) > 1 and time.monotonic() - renewed >= renew_after:
-                # The group waited long for this job (a long one before it): make sure
-                # its lease is still ours before running it.
-                kept = table.renew(ours)
-                renewed = time.monotonic()
-                ours = [pair for pair in ours if pair[0] in kept]
-                if job_id not in kept:
+class _ChunkRun:
+    """One run of a chunk (:func:`execute_chunk`) and what it has done so far."""
+
+    def __init__(
+        self, model: type[UniqueJob], chunk: Sequence[tuple[int, int]], deadline: float
+    ) -> None:
+        self.model = model
+        self.label = model._meta.label
+        self.table = JobTable(model)
+        self.worker = worker_identity()
+        self.chunk = chunk
+        self.deadline = deadline
+        self.rows: dict[int, UniqueJob] = {}
+        #: In the chunk's order; None: performed, not recorded yet (see :attr:`done`).
+        self.outcomes: list[JobOutcome | None] = []
+        #: Of the jobs performed, marked processed by the next statement: outcome slot ->
+        #: (id, attempt, result).
+        self.done: dict[int, tuple[int, int, object]] = {}
+        #: ``chunk[:started]`` went through a statement that started them (or handed
+        #: them back); the others are not started.
+        self.started = 0
+        self.handed_back = 0  # at the deadline
+        self.ours: list[tuple[int, int]] = []  # the jobs of the group still this worker's
+        self.renewed = 0.0  # when the group's leases were last extended (monotonic)
+
+    def run(self) -> None:
+        table, chunk = self.table, self.chunk
+        manager = self.model._default_manager.using(table.alias)
+        pks = [pk for pk, _ in chunk]
+        self.rows = self._outlasting(partial(manager.in_bulk, pks), "the read of a chunk")
+        renew_after = table.options.lease_seconds / 3
+        while self.started < len(chunk):
+            if self.started and time.monotonic() >= self.deadline:
+                give_back(self.model, chunk[self.started :], why="ran out of time")
+                self.handed_back = len(chunk) - self.started
+                self.started = len(chunk)
+                break
+            group = _next_group(chunk, self.started, table.options.jobs_per_statement, self.rows)
+            finished, started = self._steps(group)
+            self.started += len(group)
+            self.renewed = time.monotonic()  # the group's leases were extended just now
+            self.ours = [
+                (pk, attempt) for pk, attempt in group if pk in started and pk in self.rows
+            ]
+            self._record_done(finished)
+            for job_id, attempt in group:
+                if (job_id, attempt) not in self.ours:
+                    logger.info(
+                        "%s #%s attempt %s is not ours to run; skipped.",
+                        self.label,
+                        job_id,
+                        attempt,
+                    )
+                    self.outcomes.append(JobOutcome.SKIPPED)
+                elif time.monotonic() - self.renewed >= renew_after and not self._still_ours(
+                    job_id
+                ):
+                    # It waited long in its group (a long job before it, which may have
+                    # failed or lost its lease since): its lease was lost meanwhile.
                     logger.warning(
                         "%s #%s lost its lease while waiting in its group; not run.",
-                        label,
+                        self.label,
                         job_id,
                     )
-                    outcomes.append(JobOutcome.LEASE_LOST)
-                    continue
-            job = rows[job_id]  # ours: a job of the chunk
-            job.attempt = attempt
-            beat = Heartbeat(model, job_id, attempt, [p for p in ours if p != (job_id, attempt)])
+                    self.outcomes.append(JobOutcome.LEASE_LOST)
+                else:
+                    self._perform(self.rows[job_id], attempt)
+        if self.done:
+            self._record_done(self._steps([])[0])
+
+    def _perform(self, job: UniqueJob, attempt: int) -> None:
+        """Perform *job* (attempt *attempt*) and record a failure; a success is recorded
+        by the next statement (:attr:`done`)."""
+        job_id, alias = job.pk, self.table.alias
+        job.attempt = attempt
+        for rerun in range(OUTAGE_RERUNS + 1):
+            mates = [pair for pair in self.ours if pair != (job_id, attempt)]
+            beat = Heartbeat(self.model, job_id, attempt, mates)
             try:
-                returned = job.perform(beat)
-                result = stored_result(table, returned)
+                result = stored_result(self.table, job.perform(beat))
             except LeaseLost:
-                logger.warning("%s #%s lost its lease during attempt %s.", label, job_id, attempt)
-                outcomes.append(JobOutcome.LEASE_LOST)
-                ours.remove((job_id, attempt))
+                logger.warning(
+                    "%s #%s lost its lease during attempt %s.", self.label, job_id, attempt
+                )
+                self.outcomes.append(JobOutcome.LEASE_LOST)
             except Exception as exc:
+                if rerun < OUTAGE_RERUNS and is_transient(exc, alias):
+                    # Interrupted by the database (gone away, a dropped connection): not
+                    # the job's fault. Run it again once the database answers, if its
+                    # lease is still ours (a DatabaseError ends the chunk otherwise).
+                    if not await_database(alias, self.table.options.outage_seconds):
+                        raise
+                    if self._still_ours(job_id):
+                        logger.warning(
+                            "%s #%s attempt %s was interrupted by the database (%s); "
+                            "running it again.",
+                            self.label,
+                            job_id,
+                            attempt,
+                            exc,
+                        )
+                        continue
+                    logger.warning(
+                        "%s #%s lost its lease while the database was away.", self.label, job_id
+                    )
+                    self.outcomes.append(JobOutcome.LEASE_LOST)
+                    return
                 error, permanent = describe(exc), isinstance(exc, PermanentFailure)
-                outcomes.append(retry_or_fail(model, job_id, attempt, error, permanent=permanent))
-                ours.remove((job_id, attempt))
+                self.outcomes.append(
+                    retry_or_fail(self.model, job_id, attempt, error, permanent=permanent)
+                )
             else:
-                done[len(outcomes)] = (job_id, attempt, result)
-                outcomes.append(None)
+                self.done[len(self.outcomes)] = (job_id, attempt, result)
+                self.outcomes.append(None)
+                return
             finally:
-                renewed = max(renewed, beat.renewed_at or renewed)
-    if done:
-        record_done(table.steps(list(done.values()), [], worker)[0])
-    return [outcome for outcome in outcomes if outcome is not None]
+                self.renewed = max(self.renewed, beat.renewed_at or self.renewed)
+            self.ours.remove((job_id, attempt))
+            return
+
+    def _still_ours(self, job_id: int) -> bool:
+        """Extend the leases of the group's jobs still this worker's; whether *job_id*'s
+        is one of them."""
+        kept = self._outlasting(partial(self.table.renew, self.ours), "a lease check")
+        self.renewed = time.monotonic()
+        self.ours = [pair for pair in self.ours if pair[0] in kept]
+        return job_id in kept
+
+    def _steps(self, starts: Sequence[tuple[int, int]]) -> tuple[set[int], set[int]]:
+        """:meth:`JobTable.steps`: record the jobs :attr:`done`, start *starts*; when the
+        database went away meanwhile, again once it answers (*resumed*: the first try
+        may have committed)."""
+        finishes, tries = list(self.done.values()), itertools.count()
+
+        def step() -> tuple[set[int], set[int]]:
+            resumed = next(tries) > 0
+            return self.table.steps(finishes, starts, self.worker, resumed=resumed)
+
+        return self._outlasting(step, "a step")
+
+    def _record_done(self, finished: set[int]) -> None:
+        for at, (pk, attempt, _) in self.done.items():
+            self.outcomes[at] = (
+                JobOutcome.PROCESSED if pk in finished else _late(self.model, pk, attempt)
+            )
+        self.done.clear()
+
+    def _outlasting(self, fn: Callable[[], T], what: str) -> T:
+        return outlast_outage(
+            fn,
+            self.table.alias,
+            what=f"{what} of {self.label} jobs",
+            wait_seconds=self.table.options.outage_seconds,
+        )
+
+    def interrupted(self, exc: DatabaseError) -> None:
+        """The database stayed away longer than the kind's ``outage_seconds``: end the
+        chunk. Every job not recorded is INTERRUPTED; those not started yet are handed
+        back (if the database answers now), the others are left to their lease."""
+        missing = len(self.chunk) - self.handed_back - len(self.outcomes)
+        logger.error(
+            "%s: the database stayed away; %s job(s) of a chunk are left to their lease "
+            "or handed back unstarted: %s",
+            self.label,
+            missing + len(self.done),
+            exc,
+        )
+        for at in self.done:
+            self.outcomes[at] = JobOutcome.INTERRUPTED
+        self.done.clear()
+        self.outcomes += [JobOutcome.INTERRUPTED] * missing
+        try:
+            give_back(
+                self.model,
+                self.chunk[self.started :],
+                why="lost the database before starting it",
+                wait_seconds=0,
+            )
+        except DatabaseError:
+            pass  # left to their lease: a dispatch hands them back, their attempt not counted
 
 
 def _next_group(
@@ -240,13 +385,20 @@ def stored_result(table: JobTable, returned: object) -> object:
         ) from exc
 
 
-def give_back(model: type[UniqueJob], jobs: Sequence[tuple[int, int]], *, why: str) -> int:
+def give_back(
+    model: type[UniqueJob],
+    jobs: Sequence[tuple[int, int]],
+    *,
+    why: str,
+    wait_seconds: float | None = None,
+) -> int:
     """Return dispatched jobs that no worker started to pending, their attempt not counted.
 
     Fenced like a start (the attempt, ``running``, ``started_at`` NULL): a job a worker
     took meanwhile is left to it. An unstarted job held its unique key all along (every
     enqueue of the key returned it), so no twin can be pending beside it. Returns how
-    many jobs went back to pending.
+    many jobs went back to pending. When the database goes away meanwhile,
+    waits up to *wait_seconds* for it (the kind's ``outage_seconds`` by default).
     """
     if not jobs:
         return 0
@@ -268,8 +420,11 @@ def give_back(model: type[UniqueJob], jobs: Sequence[tuple[int, int]], *, why: s
             worker="",
         )
 
-    returned = retry_transient(
-        lambda: back(unstarted(jobs)), alias, what=f"hand-back of {model._meta.label} jobs"
+    returned = outlast_outage(
+        lambda: back(unstarted(jobs)),
+        alias,
+        what=f"hand-back of {model._meta.label} jobs",
+        wait_seconds=kind_options(model).outage_seconds if wait_seconds is None else wait_seconds,
     )
     if returned:
         logger.info(
@@ -337,8 +492,11 @@ def retry_or_fail(
                 return JobOutcome.SUPERSEDED if outcome is JobOutcome.FAILED else outcome
             return JobOutcome.RETRYING if retried else JobOutcome.LEASE_LOST
 
-    outcome = retry_transient(
-        failure_transaction, alias, what=f"failure of {model._meta.label} #{job_id}"
+    outcome = outlast_outage(
+        failure_transaction,
+        alias,
+        what=f"failure of {model._meta.label} #{job_id}",
+        wait_seconds=kind_options(model).outage_seconds,
     )
     log = logger.error if outcome in (JobOutcome.FAILED, JobOutcome.SUPERSEDED) else logger.warning
     log(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django_outbox.conf import outage_seconds
 from django_outbox.options import (
     BOOL,
     CLUSTER,
@@ -89,6 +90,12 @@ class KindOptions:
     cluster: str | None
     retention_days: int
     dispatch_every_minutes: int
+
+    @property
+    def outage_seconds(self) -> float:
+        """How long a worker waits mid-chunk for the database to answer again
+        (:func:`~django_outbox.conf.outage_seconds` of the lease)."""
+        return outage_seconds(self.lease_seconds)
 
     @property
     def one_pending_per_exclusive_key(self) -> bool:
