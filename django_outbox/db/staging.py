@@ -125,6 +125,7 @@ def take_due(
         f"AND (forwarded_at IS NULL OR forwarded_at < {lost_since})"
         f"{only_ids} ORDER BY id LIMIT %s{dialect.skip_locked}"
     )
+    change_params: list[Any]
     if not keep:
         change, change_params = f"DELETE FROM {table}", []
     else:
