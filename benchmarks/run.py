@@ -46,8 +46,8 @@ from benchmarks import operations as ops  # noqa: E402
 from benchmarks.models import Marker, Order, TriggeredOrder  # noqa: E402
 from benchmarks.unique import measure_dispatch  # noqa: E402
 from django_outbox import publish, publish_many, transport, wake  # noqa: E402
+from django_outbox.inline import run_inline  # noqa: E402
 from django_outbox.models import OutboxEvent, OutboxGroup  # noqa: E402
-from django_outbox.run import run_inline  # noqa: E402
 from django_outbox.runs import claim_group  # noqa: E402
 from django_outbox.staging import drain_until_empty, stage_task  # noqa: E402
 

@@ -14,14 +14,12 @@ __all__ = [
     "Batch",
     "BatchResult",
     "JobError",
-    "JobLeaseLost",
     "LeaseLost",
     "OutboxError",
     "PayloadError",
     "PermanentFailure",
     "UniqueJob",
     "UnknownStream",
-    "kick",
     "publish",
     "publish_many",
     "wake",
@@ -31,14 +29,12 @@ _LAZY = {
     "Batch": "django_outbox.batch",
     "BatchResult": "django_outbox.batch",
     "JobError": "django_outbox.exceptions",
-    "JobLeaseLost": "django_outbox.exceptions",
     "LeaseLost": "django_outbox.exceptions",
     "OutboxError": "django_outbox.exceptions",
     "PayloadError": "django_outbox.exceptions",
     "PermanentFailure": "django_outbox.exceptions",
     "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
-    "kick": "django_outbox.runs",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
     "wake": "django_outbox.runs",
@@ -48,7 +44,6 @@ if TYPE_CHECKING:
     from django_outbox.batch import Batch, BatchResult
     from django_outbox.exceptions import (
         JobError,
-        JobLeaseLost,
         LeaseLost,
         OutboxError,
         PayloadError,
@@ -57,7 +52,7 @@ if TYPE_CHECKING:
     )
     from django_outbox.models import UniqueJob
     from django_outbox.publishing import publish, publish_many
-    from django_outbox.runs import kick, wake
+    from django_outbox.runs import wake
 
 
 def __getattr__(name: str) -> Any:

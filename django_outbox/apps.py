@@ -12,11 +12,13 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from django.apps import apps
 
-        # Registers the checks, the settings-cache reset and the run loop's wake receivers.
+        # Registers the checks and the settings-cache reset.
         from django.db.models.signals import post_migrate
 
-        from django_outbox import checks, conf, runs  # noqa: F401
+        from django_outbox import checks, conf  # noqa: F401
         from django_outbox.unique import checks as unique_checks  # noqa: F401
+
+        _connect_wake_receivers()
 
         # A state row per configured stream, so the admin lists every stream to pause.
         post_migrate.connect(
@@ -29,6 +31,29 @@ class OutboxConfig(AppConfig):
             from django_outbox.admin import register_stream_buffers
 
             register_stream_buffers()
+
+
+def _connect_wake_receivers() -> None:
+    """Wake a stream on every ORM write of its buffer rows: each buffer model (a proxy
+    too) is a sender of its own, so a save of any other model calls nothing of ours."""
+    from django.apps import apps
+    from django.db.models.signals import post_save
+
+    from django_outbox.models import BufferEvent
+    from django_outbox.models.buffer import rows_bulk_created
+    from django_outbox.runs import _wake_on_bulk_create, _wake_on_save
+
+    for model in apps.get_models():
+        if issubclass(model, BufferEvent):
+            label = model._meta.label_lower
+            post_save.connect(
+                _wake_on_save, sender=model, dispatch_uid=f"django_outbox.wake_on_save.{label}"
+            )
+            rows_bulk_created.connect(
+                _wake_on_bulk_create,
+                sender=model,
+                dispatch_uid=f"django_outbox.wake_on_bulk_create.{label}",
+            )
 
 
 def _create_state_rows(sender: AppConfig, using: str = "default", **kwargs: object) -> None:

@@ -24,6 +24,11 @@ from django_outbox.db import buffer_ops
 from django_outbox.lease import LeaseTable, RetryPolicy
 from django_outbox.models import GroupState, OutboxGroup
 
+__all__ = [
+    "Batch",
+    "BatchResult",
+]
+
 
 @dataclass
 class BatchResult:

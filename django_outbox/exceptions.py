@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "DurationError",
+    "IdempotencyError",
+    "JobError",
+    "LeaseLost",
+    "NotInTransaction",
+    "OutboxError",
+    "PayloadError",
+    "PermanentFailure",
+    "StagingError",
+    "UnknownStream",
+    "WrongBufferModel",
+]
+
 
 class OutboxError(Exception):
     """Base class of every error django_outbox raises on purpose."""
@@ -48,20 +62,6 @@ class LeaseLost(OutboxError):
             f"Lease of {what} {key} (attempt {attempt}) is lost: another worker took it "
             "over or it was finalized. This worker must stop without side effects."
         )
-
-    @property
-    def group_id(self) -> object:
-        """The id of what ran (the name of earlier versions, for groups)."""
-        return self.key
-
-    @property
-    def job_id(self) -> object:
-        """The id of what ran (the name of earlier versions, for unique jobs)."""
-        return self.key
-
-
-#: The unique-job spelling of earlier versions: the same exception.
-JobLeaseLost = LeaseLost
 
 
 class StagingError(OutboxError, ValueError):

@@ -34,7 +34,7 @@ from django.db import connections
 from django_outbox.batch import Batch
 from django_outbox.exceptions import LeaseLost
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 #: The thread looks for due beats this often.
 TICK_SECONDS = 0.2

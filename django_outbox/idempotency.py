@@ -48,6 +48,11 @@ from django_outbox.exceptions import IdempotencyError
 from django_outbox.jsondata import dumps
 from django_outbox.models import IdempotencyKey
 
+__all__ = [
+    "Guard",
+    "idempotent",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 KEY_MAX = 255
 SCOPE_MAX = 200

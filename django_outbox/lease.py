@@ -30,7 +30,7 @@ from django.db.models.functions import Now
 
 from django_outbox.backoff import backoff_seconds
 from django_outbox.db import connection_for
-from django_outbox.db import leases as leases_sql
+from django_outbox.db import lease as lease_sql
 from django_outbox.db.base import column_name, concrete_field
 from django_outbox.exceptions import LeaseLost
 
@@ -166,7 +166,7 @@ class LeaseTable:
         The same one statement: the fields come back with the lease, at no extra cost.
         """
         fields = [concrete_field(self.model, name) for name in returning]
-        taken = leases_sql.take(
+        taken = lease_sql.take(
             self.model,
             pk,
             lease_seconds=self.lease.total_seconds(),

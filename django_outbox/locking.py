@@ -23,6 +23,11 @@ from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import NotInTransaction
 
+__all__ = [
+    "lock_rows",
+    "retry_on_conflict",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -23,7 +23,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django_outbox.conf import outbox_settings
 from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
 
-GROUP_STATES = ("claimed", "running", "retrying", "dead_lettering")
+__all__ = [
+    "OutboxCollector",
+    "metrics_view",
+]
+
+_GROUP_STATES = ("claimed", "running", "retrying", "dead_lettering")
 
 
 class OutboxCollector:
@@ -67,7 +72,7 @@ class OutboxCollector:
             backlog.add_metric([stream], status.backlog)
             lag.add_metric([stream], status.lag_seconds or 0.0)
             paused.add_metric([stream], 1 if status.paused else 0)
-            for state in GROUP_STATES:
+            for state in _GROUP_STATES:
                 groups.add_metric([stream, state], getattr(status, f"groups_{state}"))
             isolating.add_metric([stream], status.groups_isolating)
             archived.add_metric([stream, "done"], status.archived_last_hour)
@@ -118,13 +123,13 @@ def render() -> tuple[bytes, str]:
 
 
 #: The permission a logged-in user needs to read the metrics (the dashboard's own).
-VIEW_PERMISSION = "django_outbox.view_streamstate"
+_VIEW_PERMISSION = "django_outbox.view_streamstate"
 
 
 def allowed(request: HttpRequest) -> bool:
     """Users who may view the outbox dashboard, or the bearer of ``METRICS_TOKEN``."""
     user = getattr(request, "user", None)
-    if user is not None and user.is_active and user.has_perm(VIEW_PERMISSION):
+    if user is not None and user.is_active and user.has_perm(_VIEW_PERMISSION):
         return True
     token = outbox_settings().metrics_token
     header = request.headers.get("Authorization", "")
@@ -134,7 +139,7 @@ def allowed(request: HttpRequest) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not allowed(request):
         return HttpResponseForbidden(
-            f"A login with the {VIEW_PERMISSION} permission or 'Authorization: Bearer "
+            f"A login with the {_VIEW_PERMISSION} permission or 'Authorization: Bearer "
             "<METRICS_TOKEN>' required.\n",
             content_type="text/plain",
         )

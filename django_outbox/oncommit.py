@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 _NOTHING = object()
 

@@ -19,6 +19,10 @@ from django.db.migrations.operations.base import Operation
 from django_outbox.conf import STREAM_NAME
 from django_outbox.db.triggers import OPERATIONS, TriggerSpec, create_statements, drop_statements
 
+__all__ = [
+    "PublishTrigger",
+]
+
 
 class PublishTrigger(Operation):
     """Publish a model's row changes to *stream* through database triggers.

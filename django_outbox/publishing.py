@@ -20,7 +20,12 @@ from django_outbox.jsondata import MAX_DEPTH, dumps_or
 from django_outbox.models import OutboxEvent
 from django_outbox.runs import wake
 
-JSON_NULL = Value(None, output_field=JSONField())
+__all__ = [
+    "publish",
+    "publish_many",
+]
+
+_JSON_NULL = Value(None, output_field=JSONField())
 
 
 def _check(stream: str) -> StreamConfig:
@@ -67,7 +72,7 @@ def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000
     for payload in payloads:
         _dumps(stream, payload)
         # None alone would be written as SQL NULL; publish() stores it as JSON null too.
-        value = JSON_NULL if payload is None else payload
+        value = _JSON_NULL if payload is None else payload
         events.append(OutboxEvent(stream=stream, payload=value))
     OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
     return len(events)

@@ -16,8 +16,13 @@ from django_outbox.db import connection_for
 from django_outbox.models import ArchivedEvent, Outcome
 from django_outbox.signals import rows_replayed, send_on_commit
 
+__all__ = [
+    "dead_letters",
+    "replay_failed",
+]
+
 #: Columns a replayed row gets anew instead of from the snapshot.
-FRESH_COLUMNS = {"id", "group_id", "created_at"}
+_FRESH_COLUMNS = {"id", "group_id", "created_at"}
 
 
 def dead_letters(
@@ -58,7 +63,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
     replayed: Counter = Counter()
     for name, config in configs.items():
         model = config.model_class
-        fields = [f for f in model._meta.concrete_fields if f.column not in FRESH_COLUMNS]
+        fields = [f for f in model._meta.concrete_fields if f.column not in _FRESH_COLUMNS]
         while True:
             with transaction.atomic(using=connection_for(model).alias):
                 batch = list(

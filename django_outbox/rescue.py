@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from django_outbox import process, transport
+from django_outbox import attempt, transport
 from django_outbox.batch import group_leases, group_policy, queued_lease
 from django_outbox.conf import StreamConfig
 from django_outbox.models import GroupState, OutboxGroup
@@ -66,11 +66,11 @@ def requeue_due_groups(
             # Each group in a savepoint of its own: one that cannot be dead-lettered is
             # kept with its error and the others go on.
             error = (
-                process.group_error(group["last_error"])
+                attempt.group_error(group["last_error"])
                 if group["state"] == GroupState.DEAD_LETTERING
                 else "lease expired on the last attempt"
             )
-            rows = process.exhaust_group(
+            rows = attempt.exhaust_group(
                 config, group["pk"], group["attempt"], error, row_errors=group["row_errors"]
             )
             exhausted += rows is not None

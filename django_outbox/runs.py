@@ -36,10 +36,9 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models.functions import Now
-from django.db.models.signals import post_save
-from django.dispatch import receiver
 
 from django_outbox import transport
+from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
 from django_outbox.batch import queued_lease
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
@@ -47,12 +46,15 @@ from django_outbox.db.runs import runs_in_flight, wake_state
 from django_outbox.db.transient import outlast_outage, retry_transient
 from django_outbox.lease import worker_identity
 from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
-from django_outbox.models.buffer import rows_bulk_created
 from django_outbox.oncommit import on_commit_once
-from django_outbox.process import ProcessOutcome, process_group, run_attempt
 from django_outbox.rescue import requeue_due_groups
 
-logger = logging.getLogger("django_outbox")
+__all__ = [
+    "set_paused",
+    "wake",
+]
+
+logger = logging.getLogger(__name__)
 
 #: A run hands its next group to a fresh job after this many seconds.
 RUN_SECONDS = 5.0
@@ -120,7 +122,7 @@ def claim_group(
 
     One transaction: the claim statement (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) and
     the group row. With *run_here* the group starts running at attempt 1, leased to
-    this worker, which processes it next (:func:`django_outbox.process.run_attempt`);
+    this worker, which processes it next (:func:`django_outbox.attempt.run_attempt`);
     otherwise it is queued and a run job for it is enqueued in the same transaction.
     A paused stream claims nothing. *state* saves reading the state row again.
     """
@@ -373,7 +375,6 @@ def _streams_of(model: type[Any], rows: Any) -> set[str]:
     return set(outbox_settings().streams_by_model.get(model._meta.label_lower, ()))
 
 
-@receiver(post_save, dispatch_uid="django_outbox.runs.wake_on_save")
 def _wake_on_save(
     sender: type[Any], instance: Any, created: bool, using: str, **kwargs: Any
 ) -> None:
@@ -382,7 +383,6 @@ def _wake_on_save(
             wake(stream, using=using)
 
 
-@receiver(rows_bulk_created, dispatch_uid="django_outbox.runs.wake_on_bulk_create")
 def _wake_on_bulk_create(sender: type[Any], objs: list[Any], using: str, **kwargs: Any) -> None:
     for stream in _streams_of(sender, objs):
         wake(stream, using=using)

@@ -41,7 +41,16 @@ from django.dispatch import Signal
 
 from django_outbox.lease import last_line
 
-logger = logging.getLogger("django_outbox")
+__all__ = [
+    "group_exhausted",
+    "group_failed",
+    "group_processed",
+    "group_split",
+    "rows_replayed",
+    "staged_jobs_forwarded",
+]
+
+logger = logging.getLogger(__name__)
 
 group_processed = Signal()
 group_failed = Signal()
@@ -51,7 +60,7 @@ rows_replayed = Signal()
 staged_jobs_forwarded = Signal()
 
 
-LOGGED: dict[Signal, tuple[int, str]] = {
+_LOGGED: dict[Signal, tuple[int, str]] = {
     group_processed: (
         logging.INFO,
         "Group {group_id} of stream {stream}: {rows} rows done on attempt {attempt} "
@@ -81,8 +90,8 @@ def send_on_commit(signal: Signal, stream: str, using: str | None = None, **kwar
 
     def send() -> None:
         send_robust(signal, stream, stream=stream, **kwargs)
-        if signal in LOGGED:
-            level, message = LOGGED[signal]
+        if signal in _LOGGED:
+            level, message = _LOGGED[signal]
             fields = {"stream": stream, **kwargs}
             if "error" in fields:
                 fields["error"] = last_line(fields["error"])

@@ -52,15 +52,19 @@ from django_outbox.oncommit import on_commit_once
 from django_outbox.options import is_positive_int
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
-logger = logging.getLogger("django_outbox")
+__all__ = [
+    "stage_task",
+]
+
+logger = logging.getLogger(__name__)
 
 RUNNER = "django_outbox.tasks.run_staged"
 GUARD_SCOPE = "django_outbox.staged"
 #: django-q2 task options a staged job may carry (``q_options=``).
-Q_OPTIONS = ("cluster", "timeout", "group", "hook", "save", "task_name", "ack_failure")
+_Q_OPTIONS = ("cluster", "timeout", "group", "hook", "save", "task_name", "ack_failure")
 #: The test each option must pass and what it must be, for the message. ``timeout`` ends
 #: in django-q2's ``signal.alarm``, which takes whole seconds (0 would mean no timeout).
-Q_OPTION_TESTS: dict[str, tuple[Callable[[Any], bool], str]] = {
+_Q_OPTION_TESTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cluster": (lambda value: isinstance(value, str), "str"),
     "timeout": (is_positive_int, "a positive int (whole seconds)"),
     "group": (lambda value: isinstance(value, str), "str"),
@@ -69,7 +73,7 @@ Q_OPTION_TESTS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ack_failure": (lambda value: isinstance(value, bool), "bool"),
 }
 #: The form of the drainer's own guard keys; a caller's key may not take it.
-INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
+_INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
 
 
 def _alias(using: str | None = None) -> str:
@@ -119,7 +123,7 @@ def task_path(func: str | Callable[..., Any], what: str = "staged task") -> str:
     return path
 
 
-def check_options(q_options: Any) -> dict[str, Any]:
+def _check_options(q_options: Any) -> dict[str, Any]:
     """*q_options* if they are django-q2 options a staged job may carry; else StagingError.
 
     The ``hook`` runs in the worker like the task itself, so it passes the same
@@ -127,13 +131,13 @@ def check_options(q_options: Any) -> dict[str, Any]:
     """
     if not isinstance(q_options, dict):
         raise StagingError(f"q_options must be a dict of django-q2 options, not {q_options!r}.")
-    unknown = sorted(str(name) for name in set(q_options) - set(Q_OPTIONS))
+    unknown = sorted(str(name) for name in set(q_options) - set(_Q_OPTIONS))
     if unknown:
         raise StagingError(
             f"Unknown django-q2 options for a staged job: {', '.join(unknown)}. "
-            f"Known: {', '.join(Q_OPTIONS)}."
+            f"Known: {', '.join(_Q_OPTIONS)}."
         )
-    for name, (test, expected) in Q_OPTION_TESTS.items():
+    for name, (test, expected) in _Q_OPTION_TESTS.items():
         value = q_options.get(name)
         if value is not None and not test(value):
             raise StagingError(f"q_options[{name!r}] must be {expected}, not {value!r}.")
@@ -169,10 +173,10 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     idempotency_key = kwargs.pop("idempotency_key", None) or ""
     alias = _alias(kwargs.pop("using", None))
     path = task_path(func)
-    q_options = check_options(q_options)
+    q_options = _check_options(q_options)
     if not isinstance(idempotency_key, str) or len(idempotency_key) > 255:
         raise StagingError("idempotency_key must be a string of at most 255 characters.")
-    if INTERNAL_KEY.match(idempotency_key):
+    if _INTERNAL_KEY.match(idempotency_key):
         raise StagingError(
             f"idempotency_key {idempotency_key!r} has the form of the drainer's own keys "
             "('staged:<id>'); choose another, such as 'charge:<order id>'."
@@ -326,12 +330,12 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
         raise StagingError(
             f"The keyword arguments of a staged job must be a JSON object, not {row.kwargs!r}."
         )
-    options = dict(check_options(row.q_options))
+    options = dict(_check_options(row.q_options))
     cluster = options.pop("cluster", None)
     save = options.pop("save", None)
     staged_id = (row.id,) if kept else ()
     if row.idempotency_key:
-        key, scope = row.idempotency_key, caller_scope(row.func)
+        key, scope = row.idempotency_key, _caller_scope(row.func)
         args = (key, row.func, row.args, row.kwargs, scope, *staged_id)
         return transport.Job(RUNNER, args, cluster, options=options, save=save)
     if kept:
@@ -342,7 +346,7 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     )
 
 
-def caller_scope(func: str) -> str:
+def _caller_scope(func: str) -> str:
     """The idempotency scope of a caller's key: the drainer's scope and the function.
 
     The same key staged for two functions guards two effects, and no caller key can meet

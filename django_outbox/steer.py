@@ -19,10 +19,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
+from django_outbox.attempt import exhaust_group
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for
 from django_outbox.models import GroupState, OutboxGroup
-from django_outbox.process import exhaust_group
 from django_outbox.rescue import requeue_due_groups
 
 

@@ -15,7 +15,17 @@ from django_outbox.prune import prune_all
 from django_outbox.runs import run as run_stream
 from django_outbox.staging import GUARD_SCOPE, drain_until_empty
 from django_outbox.staging import run_staged as run_staged_job
-from django_outbox.unique.dispatch import dispatch, dispatch_all, run_job, run_jobs
+from django_outbox.unique.dispatch import dispatch, dispatch_all, run_jobs
+
+__all__ = [
+    "dispatch_unique",
+    "distribute",
+    "drain_staged",
+    "prune",
+    "run",
+    "run_staged",
+    "run_unique_jobs",
+]
 
 
 def distribute(stream: str | None = None) -> list[dict[str, Any]]:
@@ -27,16 +37,6 @@ def distribute(stream: str | None = None) -> list[dict[str, Any]]:
 def run(stream: str, group_id: str | None = None) -> list[str]:
     """Run *stream*'s loop from *group_id*; return the outcome of each group processed."""
     return [outcome.value for outcome in run_stream(stream, group_id)]
-
-
-def claim(stream: str) -> list[str]:
-    """Run *stream*'s loop (a claim job enqueued by an earlier version)."""
-    return run(stream)
-
-
-def process(stream: str, group_id: str) -> list[str]:
-    """Run *stream*'s loop from *group_id* (a process job enqueued by an earlier version)."""
-    return run(stream, group_id)
 
 
 def drain_staged() -> dict[str, Any]:
@@ -72,8 +72,3 @@ def dispatch_unique(kind: str | None = None) -> list[dict[str, Any]]:
 def run_unique_jobs(kind: str, jobs: list[list[int]]) -> list[str]:
     """Run a chunk of *kind*'s jobs, ``[id, attempt]`` pairs, then the kind's next chunks."""
     return [outcome.value for outcome in run_jobs(kind, jobs)]
-
-
-def run_unique_job(kind: str, job_id: int, attempt: int) -> str:
-    """Run attempt *attempt* of one job (a task queued by an earlier version)."""
-    return run_job(kind, job_id, attempt).value

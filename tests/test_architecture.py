@@ -7,6 +7,7 @@ one at the top of the module: a lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,103 @@ def test_importing_the_package_loads_nothing_else(statement):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['django_outbox']"
+
+
+# -- the public API ----------------------------------------------------------------
+
+#: The modules a project imports from (the Python API reference, the task paths of
+#: django-q2, the signals): each declares its public names in ``__all__``.
+PUBLIC = (
+    "django_outbox",
+    "django_outbox.batch",
+    "django_outbox.exceptions",
+    "django_outbox.idempotency",
+    "django_outbox.inline",
+    "django_outbox.locking",
+    "django_outbox.metrics",
+    "django_outbox.models",
+    "django_outbox.models.unique",
+    "django_outbox.operations",
+    "django_outbox.publishing",
+    "django_outbox.replay",
+    "django_outbox.runs",
+    "django_outbox.signals",
+    "django_outbox.staging",
+    "django_outbox.tasks",
+    "django_outbox.tasks_backend",
+    "django_outbox.tasks_backend.backend",
+)
+
+
+def declared(name: str) -> tuple[list[str] | None, set[str]]:
+    """The ``__all__`` of module *name* and every name its top level binds (imports too)."""
+    tree = ast.parse(modules()[name].read_text())
+    public, bound = None, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__":
+            public = ast.literal_eval(node.value)
+    for node in tree.body:
+        inner = node.body if isinstance(node, ast.If) else [node]  # if TYPE_CHECKING
+        for item in inner:
+            if isinstance(item, (ast.FunctionDef, ast.ClassDef)):
+                bound.add(item.name)
+            elif isinstance(item, (ast.Import, ast.ImportFrom)):
+                bound.update((alias.asname or alias.name).split(".")[0] for alias in item.names)
+            elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                bound.update(ast.unparse(target) for target in targets)
+    return public, bound
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_module_declares_its_public_names(name):
+    public, bound = declared(name)
+    assert public is not None, f"{name} has no __all__"
+    assert public == sorted(set(public))
+    assert [attr for attr in public if attr not in bound] == []
+
+
+def test_the_api_reference_documents_only_public_names():
+    """Every ``::: module.name`` of the API reference is in its module's ``__all__``."""
+    reference = (PACKAGE.parent / "docs" / "reference" / "api.md").read_text()
+    entries = re.findall(r"^::: (django_outbox[\w.]*)$", reference, flags=re.M)
+    assert entries
+    outside = []
+    for entry in entries:
+        if entry in PUBLIC:
+            continue
+        module, _, attr = entry.rpartition(".")
+        if module not in PUBLIC or attr not in (declared(module)[0] or []):
+            outside.append(entry)
+    assert outside == []
+
+
+def test_every_module_logs_through_its_own_logger():
+    """``getLogger(__name__)``: a child of ``django_outbox``, named after its module."""
+    shared = sorted(
+        f"{name}: {ast.unparse(node)}"
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("logging.getLogger", "getLogger")
+        and ast.unparse(node.args) != "[Name(id='__name__', ctx=Load())]"
+        and [ast.unparse(arg) for arg in node.args] != ["__name__"]
+    )
+    assert shared == []
+
+
+def test_the_model_signal_receivers_listen_to_buffer_models_only():
+    """A save of any other model (a ContentType here) calls no receiver of the app."""
+    from django.contrib.contenttypes.models import ContentType
+    from django.db.models import signals
+
+    from django_outbox.models import OutboxEvent
+    from django_outbox.runs import _wake_on_save
+
+    def ours(signal, sender):
+        sync, asynchronous = signal._live_receivers(sender)
+        return [r for r in [*sync, *asynchronous] if r.__module__.startswith("django_outbox")]
+
+    for signal in (signals.pre_save, signals.post_save, signals.pre_delete, signals.post_delete):
+        assert ours(signal, ContentType) == []
+    assert ours(signals.post_save, OutboxEvent) == [_wake_on_save]

@@ -10,10 +10,10 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_outbox import publish_many, transport
+from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.db import buffer_ops
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, Outcome
-from django_outbox.process import ProcessOutcome, process_group
 from django_outbox.replay import dead_letters, replay_failed
 from django_outbox.runs import claim_group
 from tests.testapp.models import Attachment

@@ -17,8 +17,8 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from django_outbox.checks import check_settings
+from django_outbox.inline import run_inline
 from django_outbox.models import ArchivedEvent, OutboxGroup, StagedJob
-from django_outbox.run import run_inline
 from tests.docs_examples import jobs, staging, tutorial_outbox, tutorial_settings, tutorial_verify
 
 HANDLER = "tests.docs_examples.tutorial_outbox.sync_activities"

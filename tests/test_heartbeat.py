@@ -12,10 +12,10 @@ from django.db import connections
 from django.test import override_settings
 
 from django_outbox import heartbeat, transport
+from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.conf import get_stream
 from django_outbox.db import database_now
 from django_outbox.models import ArchivedEvent, GroupState, OutboxGroup, Outcome
-from django_outbox.process import ProcessOutcome, process_group
 from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import claim_group
 from tests.conftest import publish_unwoken

@@ -9,11 +9,11 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_outbox import publish_many, transport
+from django_outbox.attempt import ProcessOutcome, finalize, process_group, take_lease
 from django_outbox.batch import Batch
 from django_outbox.conf import get_stream
 from django_outbox.exceptions import LeaseLost
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, Outcome
-from django_outbox.process import ProcessOutcome, finalize, process_group, take_lease
 from django_outbox.runs import claim_group
 from tests.testapp.models import Attachment, HandledCall
 

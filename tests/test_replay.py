@@ -12,8 +12,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_outbox import publish_many, transport
+from django_outbox.attempt import process_group
 from django_outbox.models import ArchivedEvent, OutboxEvent, Outcome
-from django_outbox.process import process_group
 from django_outbox.replay import dead_letters, replay_failed
 from django_outbox.runs import claim_group
 

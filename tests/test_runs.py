@@ -18,6 +18,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_outbox import publish, publish_many, transport, wake
+from django_outbox.attempt import ProcessOutcome, exhaust_group
 from django_outbox.conf import get_stream
 from django_outbox.models import (
     ArchivedEvent,
@@ -27,7 +28,6 @@ from django_outbox.models import (
     Outcome,
     StreamState,
 )
-from django_outbox.process import ProcessOutcome, exhaust_group
 from django_outbox.replay import replay_failed
 from django_outbox.runs import claim_group, run, set_paused, start_runs, wake_now
 from marketing.models import ContactActivity, ContactActivityEvent, Lead

@@ -11,11 +11,11 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_outbox import publish_many, transport
+from django_outbox.attempt import ProcessOutcome, finalize, take_lease
 from django_outbox.batch import Batch
 from django_outbox.conf import get_stream
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup
-from django_outbox.process import ProcessOutcome, finalize, take_lease
 from django_outbox.runs import claim_group
 from tests.conftest import unwoken
 from tests.procs import running, wait_until

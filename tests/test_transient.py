@@ -8,9 +8,9 @@ import pytest
 from django.db import IntegrityError, OperationalError
 
 from django_outbox import transport
+from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.db import buffer_ops
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup
-from django_outbox.process import ProcessOutcome, process_group
 from django_outbox.runs import claim_group
 from tests.conftest import publish_unwoken
 

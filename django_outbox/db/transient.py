@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

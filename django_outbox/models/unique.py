@@ -35,6 +35,13 @@ from django.dispatch import receiver
 
 from django_outbox.unique.options import KindOptions, kind_options
 
+__all__ = [
+    "JobState",
+    "UniqueJob",
+    "all_kinds",
+    "get_kind",
+]
+
 
 class JobState(models.TextChoices):
     PENDING = "pending", "pending"
@@ -43,7 +50,7 @@ class JobState(models.TextChoices):
     FAILED = "failed", "failed"
 
 
-FINISHED = (JobState.PROCESSED, JobState.FAILED)
+_FINISHED = (JobState.PROCESSED, JobState.FAILED)
 
 #: Jobs no worker has started: pending, or dispatched (running with ``started_at`` NULL:
 #: handed to the broker, leased, waiting for its worker). One per unique key at most
@@ -52,10 +59,10 @@ UNSTARTED = Q(state=JobState.PENDING) | Q(state=JobState.RUNNING, started_at__is
 
 #: What a job is doing, as the admin, the counts and the metrics show it: the states,
 #: with the running jobs split into dispatched (not started) and running (started).
-DISPATCHED = "dispatched"
+_DISPATCHED = "dispatched"
 STAGES = {
     JobState.PENDING.value: Q(state=JobState.PENDING),
-    DISPATCHED: Q(state=JobState.RUNNING, started_at__isnull=True),
+    _DISPATCHED: Q(state=JobState.RUNNING, started_at__isnull=True),
     JobState.RUNNING.value: Q(state=JobState.RUNNING, started_at__isnull=False),
     JobState.PROCESSED.value: Q(state=JobState.PROCESSED),
     JobState.FAILED.value: Q(state=JobState.FAILED),
@@ -65,7 +72,7 @@ STAGES = {
 def stage_of(job: UniqueJob) -> str:
     """The job's stage (a key of :data:`STAGES`): its state, or ``dispatched``."""
     if job.state == JobState.RUNNING and job.started_at is None:
-        return DISPATCHED
+        return _DISPATCHED
     return str(job.state)
 
 
@@ -192,11 +199,11 @@ class UniqueJob(models.Model):
         """Processed and failed jobs that finished longer than ``retention_days`` ago."""
         days = kind_options(cls).retention_days
         return cls._default_manager.filter(
-            state__in=FINISHED, finished_at__lt=Now() - timedelta(days=days)
+            state__in=_FINISHED, finished_at__lt=Now() - timedelta(days=days)
         )
 
 
-def index_name(table: str, role: str, fields: Sequence[str]) -> str:
+def _index_name(table: str, role: str, fields: Sequence[str]) -> str:
     """A name of at most 30 characters, unique per table, role and fields.
 
     Index and constraint names are global in a database, and Django limits them to 30
@@ -238,7 +245,7 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
             models.UniqueConstraint(
                 fields=list(options.unique_fields),
                 condition=UNSTARTED,
-                name=index_name(table, "pend", options.unique_fields),
+                name=_index_name(table, "pend", options.unique_fields),
             )
         )
     if options.exclusive_fields:
@@ -246,30 +253,32 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
             models.UniqueConstraint(
                 fields=list(options.exclusive_fields),
                 condition=running,
-                name=index_name(table, "run", options.exclusive_fields),
+                name=_index_name(table, "run", options.exclusive_fields),
             )
         )
     order = ["id"] if options.ordering != "ready" else ["process_after", "id"]
     if options.priority_field in columns:
         order = [f"-{options.priority_field}", *order]
-    indexes = [models.Index(fields=order, condition=pending, name=index_name(table, "next", order))]
+    indexes = [
+        models.Index(fields=order, condition=pending, name=_index_name(table, "next", order))
+    ]
     if options.exclusive_fields and not options.one_pending_per_exclusive_key:
         key = [*options.exclusive_fields, "id"]
         indexes.append(
-            models.Index(fields=key, condition=pending, name=index_name(table, "key", key))
+            models.Index(fields=key, condition=pending, name=_index_name(table, "key", key))
         )
     indexes.append(
         models.Index(
             fields=["lease_expires_at"],
             condition=running,
-            name=index_name(table, "lease", ["lease_expires_at"]),
+            name=_index_name(table, "lease", ["lease_expires_at"]),
         )
     )
     indexes.append(
         models.Index(
             fields=["finished_at"],
-            condition=Q(state__in=FINISHED),
-            name=index_name(table, "done", ["finished_at"]),
+            condition=Q(state__in=_FINISHED),
+            name=_index_name(table, "done", ["finished_at"]),
         )
     )
     ours = {c.name for c in constraints} | {i.name for i in indexes}

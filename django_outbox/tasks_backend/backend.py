@@ -34,6 +34,11 @@ from django_outbox.tasks_backend.options import TASK_KIND
 if TYPE_CHECKING:
     from django_outbox.tasks_backend.models import TaskRecord
 
+__all__ = [
+    "OutboxTask",
+    "OutboxTaskBackend",
+]
+
 #: Job stages (``models.unique.STAGES``) as Django's task statuses: a dispatched task
 #: that no worker started yet is still READY (and still absorbs enqueues of its key).
 STATUS = {
@@ -44,9 +49,9 @@ STATUS = {
     "failed": TaskResultStatus.FAILED,
 }
 KEY_MAX = 255
-QUEUE_MAX = 100
+_QUEUE_MAX = 100
 #: The exception line that ends a Python traceback: ``module.Class: message``.
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,8 +103,8 @@ class OutboxTaskBackend(BaseTaskBackend):
         super().validate_task(task)
         if len(task.module_path) > KEY_MAX:
             raise InvalidTask(f"The task's path is longer than {KEY_MAX} characters.")
-        if len(task.queue_name) > QUEUE_MAX:
-            raise InvalidTask(f"queue_name is longer than {QUEUE_MAX} characters.")
+        if len(task.queue_name) > _QUEUE_MAX:
+            raise InvalidTask(f"queue_name is longer than {_QUEUE_MAX} characters.")
         for name in ("unique_key", "idempotency_key"):
             value = getattr(task, name, None)
             if value is not None and not (isinstance(value, str) and 0 < len(value) <= KEY_MAX):
@@ -300,7 +305,7 @@ def exception_path(text: str) -> str:
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
     for line in lines[starts[-1] + 1 :] if starts else []:
         if line and not line[0].isspace():
-            match = EXCEPTION_LINE.match(line)
+            match = _EXCEPTION_LINE.match(line)
             if match:
                 name = match.group(1)
                 return name if "." in name else f"builtins.{name}"

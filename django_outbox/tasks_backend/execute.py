@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from django_outbox.tasks_backend.models import TaskRecord
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 #: The scope of the idempotency keys of tasks: ``django.tasks:`` and the task's path
 #: (hashed when the two are longer than a scope may be).

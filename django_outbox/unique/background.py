@@ -39,7 +39,7 @@ from django.db import connections
 from django_outbox.models.unique import get_kind
 from django_outbox.unique.dispatch import wake_after_commit
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 #: The dispatcher thread closes its connections after this long without a kick.
 IDLE_SECONDS = 0.5

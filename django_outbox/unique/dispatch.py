@@ -40,7 +40,7 @@ from django_outbox.unique.options import KindOptions, kind_options
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 RUN = "django_outbox.tasks.run_unique_jobs"
 DISPATCH = "django_outbox.tasks.dispatch_unique"
@@ -255,9 +255,3 @@ def _kept(model: type[UniqueJob], *, keep: bool, after: str) -> list[tuple[int, 
             exc_info=True,
         )
         return []
-
-
-def run_job(label: str, job_id: int, attempt: int) -> JobOutcome:
-    """Run one attempt of a job (a task queued by an earlier version): a chunk of one."""
-    outcomes = run_jobs(label, [(job_id, attempt)])
-    return outcomes[0] if outcomes else JobOutcome.SKIPPED

@@ -33,7 +33,7 @@ from django_outbox.unique.dispatch import dispatch_after_commit
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 #: Enqueuing loops at most this many times when the twin it conflicted with was started
 #: by a worker before it could be read (each round trip means the key had a job that

@@ -51,7 +51,7 @@ from django_outbox.unique.options import kind_options
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ def process_once(stream: str, group_id: str) -> None:
     import django
 
     django.setup()
-    from django_outbox.process import process_group
+    from django_outbox.attempt import process_group
 
     outcome = process_group(stream, group_id)
     print(outcome.value, flush=True)

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.exceptions import UnknownStream
-from django_outbox.run import RunReport, run_inline
+from django_outbox.inline import RunReport, run_inline
 from django_outbox.status import StreamStatus
 
 

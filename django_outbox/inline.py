@@ -16,6 +16,11 @@ from django_outbox.distribute import distribute
 from django_outbox.models import GroupState, OutboxGroup, StreamState
 from django_outbox.status import StreamStatus, stream_status
 
+__all__ = [
+    "RunReport",
+    "run_inline",
+]
+
 
 @dataclass
 class RunReport:

@@ -12,10 +12,10 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_outbox import BatchResult, LeaseLost, publish_many, transport
+from django_outbox.attempt import ProcessOutcome, finalize, process_group, take_lease
 from django_outbox.batch import Batch
 from django_outbox.conf import get_stream
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, Outcome
-from django_outbox.process import ProcessOutcome, finalize, process_group, take_lease
 from django_outbox.runs import claim_group
 from tests.testapp.models import HandledCall
 
@@ -291,7 +291,7 @@ def test_batch_result_failures_names_rows_with_one_error():
 
 
 def test_processing_costs_the_same_number_of_queries_for_10_or_1000_rows():
-    streams = {"audit": {**AUDIT, "BATCH_SIZE": 1000, "HANDLER": "tests.test_process.noop"}}
+    streams = {"audit": {**AUDIT, "BATCH_SIZE": 1000, "HANDLER": "tests.test_attempt.noop"}}
 
     def queries_for(rows: int) -> int:
         publish_many("audit", [{"n": i} for i in range(rows)])
@@ -464,7 +464,7 @@ def test_the_logger_reports_the_same_events_with_fields_and_never_the_payload(
         handler_mode("permanent")
         process_group("audit", result.group_id)
 
-    records = [r for r in caplog.records if r.name == "django_outbox"]
+    records = [r for r in caplog.records if r.name == "django_outbox.signals"]
     assert [(r.levelname, r.rows, r.attempt) for r in records] == [
         ("INFO", 4, 1),
         ("WARNING", 1, 1),

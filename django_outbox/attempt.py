@@ -47,7 +47,7 @@ from django_outbox.signals import (
     send_on_commit,
 )
 
-logger = logging.getLogger("django_outbox")
+logger = logging.getLogger(__name__)
 
 #: How a group's ``last_error`` notes that dead-lettering it failed.
 DEAD_LETTERING_FAILED = "Dead-lettering failed"
