@@ -1,4 +1,4 @@
-"""Process: run a group through its stream's bulk handler, then archive and delete it.
+"""One attempt at a group: run it through its stream's bulk handler, then archive and delete it.
 
 The handler receives a :class:`~django_outbox.batch.Batch` and returns ``None`` when
 every row is done, or a :class:`~django_outbox.batch.BatchResult` naming the rows that

@@ -24,11 +24,12 @@ the other receivers and the commit's other callbacks still run.
 
 Payloads and job arguments are never part of a signal.
 
-Each of the stream signals is also logged by the ``django_outbox`` logger when it is sent:
-INFO for progress (processed, replayed), WARNING for a retry, ERROR for a dead-lettered
-group, with the same fields in the record's ``extra`` (``stream``, ``group_id``,
-``attempt``, ``rows``, ``duration``, ``retry_in``, ``error`` as its last line). Payloads
-are never logged.
+Each of the stream signals is also logged by this module's logger,
+``django_outbox.signals`` (a child of ``django_outbox``), when it is sent: INFO for
+progress (processed, replayed), WARNING for a retry, ERROR for a dead-lettered group,
+with the same fields in the record's ``extra`` (``stream``, ``group_id``, ``attempt``,
+``rows``, ``duration``, ``retry_in``, ``error`` as its last line). Payloads are never
+logged.
 """
 
 from __future__ import annotations

@@ -221,6 +221,19 @@ def test_the_layer_rules_catch_an_upward_import(tmp_path, statement):
     assert layer("django_outbox.runs") > layer("django_outbox.models.fake")
 
 
+def test_the_architecture_page_lists_every_module_in_its_layer():
+    """One row per module (``management/commands/`` as one), with the layer enforced here."""
+    page = (PACKAGE.parent / "docs" / "explanation" / "architecture.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w/.]+)` \| (\w+) \|", page, flags=re.M))
+    listed = {}
+    for name, path in modules().items():
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith("management/"):
+            relative = "management/commands/"
+        listed[relative] = LAYERS[layer(name)]
+    assert rows == listed
+
+
 @pytest.mark.parametrize("statement", ["import django_outbox"])
 def test_importing_the_package_loads_nothing_else(statement):
     """``import django_outbox`` (a settings file, INSTALLED_APPS) stays cheap: no

@@ -9,7 +9,6 @@ The dispatch of the kind is kicked once right after the caller's transaction com
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -32,8 +31,6 @@ from django_outbox.unique.dispatch import dispatch_after_commit
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
-
-logger = logging.getLogger(__name__)
 
 #: Enqueuing loops at most this many times when the twin it conflicted with was started
 #: by a worker before it could be read (each round trip means the key had a job that
