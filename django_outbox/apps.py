@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from django.apps import AppConfig
+from django.dispatch import Signal
 
 
 class OutboxConfig(AppConfig):
@@ -33,9 +36,10 @@ class OutboxConfig(AppConfig):
             register_stream_buffers()
 
 
-def _connect_wake_receivers() -> None:
-    """Wake a stream on every ORM write of its buffer rows: each buffer model (a proxy
-    too) is a sender of its own, so a save of any other model calls nothing of ours."""
+def _wake_receivers() -> Iterator[tuple[Signal, Callable[..., None], type, str]]:
+    """``(signal, receiver, sender, dispatch_uid)`` of the wake on every ORM write of a
+    buffer model's rows: each buffer model (a proxy too) is a sender of its own, so a
+    save of any other model calls nothing of ours."""
     from django.apps import apps
     from django.db.models.signals import post_save
 
@@ -45,15 +49,18 @@ def _connect_wake_receivers() -> None:
 
     for model in apps.get_models():
         if issubclass(model, BufferEvent):
-            label = model._meta.label_lower
-            post_save.connect(
-                _wake_on_save, sender=model, dispatch_uid=f"django_outbox.wake_on_save.{label}"
-            )
-            rows_bulk_created.connect(
+            yield post_save, _wake_on_save, model, "django_outbox.wake_on_save"
+            yield (
+                rows_bulk_created,
                 _wake_on_bulk_create,
-                sender=model,
-                dispatch_uid=f"django_outbox.wake_on_bulk_create.{label}",
+                model,
+                "django_outbox.wake_on_bulk_create",
             )
+
+
+def _connect_wake_receivers() -> None:
+    for signal, receiver, sender, uid in _wake_receivers():
+        signal.connect(receiver, sender=sender, dispatch_uid=uid)
 
 
 def _create_state_rows(sender: AppConfig, using: str = "default", **kwargs: object) -> None:

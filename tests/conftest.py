@@ -66,22 +66,16 @@ def publish_unwoken(stream: str, payloads: list[object]) -> list[int]:
 @contextlib.contextmanager
 def unwoken() -> Iterator[None]:
     """Write buffer rows through the ORM as raw SQL or a trigger would: no wake on commit."""
-    from django.db.models.signals import post_save
+    from django_outbox.apps import _wake_receivers
 
-    from django_outbox import runs
-    from django_outbox.models.buffer import rows_bulk_created
-
-    hooks = [
-        (post_save, runs._wake_on_save, "django_outbox.runs.wake_on_save"),
-        (rows_bulk_created, runs._wake_on_bulk_create, "django_outbox.runs.wake_on_bulk_create"),
-    ]
-    for signal, _, uid in hooks:
-        signal.disconnect(dispatch_uid=uid)
+    hooks = list(_wake_receivers())
+    for signal, _, sender, uid in hooks:
+        assert signal.disconnect(sender=sender, dispatch_uid=uid)
     try:
         yield
     finally:
-        for signal, func, uid in hooks:
-            signal.connect(func, dispatch_uid=uid)
+        for signal, receiver, sender, uid in hooks:
+            signal.connect(receiver, sender=sender, dispatch_uid=uid)
 
 
 class InlineRunner:
