@@ -456,7 +456,8 @@ def cmd_bench(bench_args: list[str]) -> int:
     bootstrap()
     with contextlib.ExitStack() as stack:
         pg = stack.enter_context(find_postgres())
-        if bench_args[:1] == ["soak"] and run([PYTHON, "-c", AUTOVACUUM_SNIPPET, pg.url]) != 0:
+        measures_autovacuum = bench_args[:1] == ["soak"] and "--held-snapshot" not in bench_args
+        if measures_autovacuum and run([PYTHON, "-c", AUTOVACUUM_SNIPPET, pg.url]) != 0:
             # The soak measures autovacuum: a server that has it off cannot show anything.
             log(f"autovacuum is off on {redact(pg.url)}; the soak runs on a throwaway server")
             pg = Postgres(stack.enter_context(throwaway_pgserver()), "throwaway pgserver")

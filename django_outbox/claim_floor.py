@@ -17,19 +17,21 @@ of id order), or (b) a claim that had the row locked, so ours skipped it, and th
 rolled back. The floor moves to *hi* in two steps, in the run loop, at most every
 :data:`ADVANCE_SECONDS` per process and stream:
 
-1. After claims up to *hi*, a later statement takes a *barrier*: the ``xmax`` of its
-   snapshot. Every transaction that holds an id up to *hi* took it before that claim,
-   so it has a transaction id below the barrier, or has none yet (see the safety net).
-2. A statement whose snapshot's ``xmin`` has reached the barrier (every such
-   transaction has ended) reads, MVCC, the lowest unclaimed row between the floor and
-   *hi*: a late commit, a rolled-back claim, or a row a claim in progress holds (it
-   still reads as unclaimed). The floor moves to just below that row, or to *hi*, by
-   compare-and-set on the floor it read. The same statement takes the next barrier.
+1. After claims up to *hi*, a later statement takes a *barrier*: the transactions of
+   the database that hold a transaction id at that moment. Every transaction that holds
+   an id up to *hi* took it before that claim: it is among them, or has no transaction
+   id yet (see the safety net).
+2. A statement whose snapshot sees every transaction of the barrier ended reads, MVCC
+   in the same snapshot, the lowest unclaimed row between the floor and *hi*: a late
+   commit, a rolled-back claim, or a row a claim in progress holds (it still reads as
+   unclaimed). The floor moves to just below that row, or to *hi*, by compare-and-set
+   on the floor it read. The same statement takes the next barrier.
 
-An idle read-only transaction has no transaction id: it holds back vacuum but not the
-snapshot's ``xmin``, so the floor goes on advancing under it. A transaction that has
-written and stays open (idle in transaction after an INSERT, say) holds back ``xmin``:
-while it is open the floor stays, and claims cost what they cost without a floor.
+An idle read-only transaction has no transaction id: it holds back vacuum but is in no
+barrier, so the floor goes on advancing under it. A transaction of the same database
+that has written and stays open (idle in transaction after an INSERT, say) is in every
+barrier taken while it is open: the floor stays until it ends, and claims cost meanwhile
+what they cost without a floor. Other databases' transactions do not count.
 
 The safety net. A backend preempted between taking its id and being given a
 transaction id is invisible to the barrier. Distribute (the schedule) reads the lowest
@@ -62,7 +64,7 @@ class _Candidate:
     #: The highest id this process's claims took.
     highest_id: int = 0
     #: A candidate floor waiting for its barrier: (highest id, barrier).
-    pending: tuple[int, int] | None = None
+    pending: tuple[int, list[int]] | None = None
     advanced_at: float = -math.inf
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -99,8 +101,8 @@ def advance(config: StreamConfig, floor: int, *, force: bool = False) -> int | N
     *force*) or there is nothing to move. Returns None when no statement ran.
     """
     sql = floor_sql(config)
-    if sql is None:
-        return None
+    if sql is None or sql.ops.connection.in_atomic_block:
+        return None  # the statement needs a transaction of its own
     candidate = _candidate(config.name)
     now = time.monotonic()
     with candidate.lock:

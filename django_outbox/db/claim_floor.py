@@ -10,12 +10,27 @@ from django_outbox.models import StreamState
 
 
 class FloorStep(NamedTuple):
-    """What one advance found: the floor now, the barrier for the next candidate (the
-    ``xmax`` of the statement's snapshot), and whether the candidate's barrier passed."""
+    """What one advance found: the floor now, the barrier for the next candidate, and
+    whether the candidate's barrier had passed."""
 
     floor: int
-    barrier: int
+    barrier: list[int]
     passed: bool
+
+
+#: This database's transactions that hold a transaction id now, as 64-bit ids
+#: (``xid8``, placed in the epoch of *nx*, the ``xmax`` of the statement's snapshot):
+#: sessions' (``pg_stat_activity.backend_xid``, which every role may read) and prepared
+#: ones. Another database's transactions cannot write this table, so they do not count.
+OPEN_TRANSACTIONS = (
+    "SELECT nx + d - CASE WHEN d >= 2147483648 THEN 4294967296 ELSE 0 END AS xid "
+    "FROM (SELECT snap.nx, (x::text::bigint - snap.nx %% 4294967296 + 4294967296) "
+    "%% 4294967296 AS d FROM ("
+    "SELECT backend_xid AS x FROM pg_stat_activity "
+    "WHERE datname = current_database() AND backend_xid IS NOT NULL "
+    "UNION ALL SELECT transaction FROM pg_prepared_xacts "
+    "WHERE database = current_database()) open, snap) xids"
+)
 
 
 class ClaimFloorSQL:
@@ -26,50 +41,48 @@ class ClaimFloorSQL:
         self.stream = stream
         self.state_table = ops.qn(StreamState._meta.db_table)
 
-    def advance(self, highest_id: int | None, barrier: int | None) -> FloorStep | None:
+    def advance(self, highest_id: int | None, barrier: list[int] | None) -> FloorStep | None:
         """One statement: move the floor up to *highest_id* once *barrier* has passed.
 
-        The candidate (*highest_id*, *barrier*) passed when the statement's snapshot has
-        no transaction older than *barrier* in progress. Then one MVCC read finds the
-        lowest row at or below the candidate that is still unclaimed (committed late, or
-        its claim rolled back, or claimed by a transaction still in progress) and the
-        floor stops below it. The update is a compare-and-set on the floor the statement
-        read, so a concurrent move (an advance, the safety net's lowering) wins. Returns
-        None when the stream has no state row.
+        *barrier* is the set of transactions that were open when a statement after the
+        claim of *highest_id* ran (what this statement returns for the next candidate).
+        It has passed when every one of them has ended as this statement's snapshot
+        sees it; then one MVCC read, in the same snapshot, finds the lowest row at or
+        below the candidate that is still unclaimed (committed late, or its claim rolled
+        back, or claimed by a transaction still in progress) and the floor stops below
+        it. The update is a compare-and-set on the floor the statement read, so a
+        concurrent move (an advance, the safety net's lowering) wins. Must run in a
+        transaction of its own (``pg_stat_activity`` is read once per transaction).
+        Returns None when the stream has no state row.
         """
         where, params = self.ops.stream_clause()
         table, state = self.ops.table, self.state_table
         sql = (
-            "WITH snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s), "
+            "WITH snap AS MATERIALIZED (SELECT s, pg_snapshot_xmax(s)::text::bigint AS nx "
+            "FROM pg_current_snapshot() s), "
             "seen AS MATERIALIZED ("
-            f"SELECT s.claim_floor AS floor FROM {state} s WHERE s.stream = %s), "
+            f"SELECT st.claim_floor AS floor FROM {state} st WHERE st.stream = %s), "
+            "passed AS MATERIALIZED (SELECT NOT EXISTS (SELECT 1 FROM unnest(%s::bigint[]) b "
+            "WHERE NOT pg_visible_in_snapshot(b::text::xid8, snap.s)) AS passed FROM snap), "
             "goal AS MATERIALIZED ("
-            "SELECT seen.floor, "
-            "pg_snapshot_xmax(snap.s)::text::bigint AS barrier, "
-            "pg_snapshot_xmin(snap.s)::text::bigint >= %s::bigint AS passed, "
-            "CASE WHEN pg_snapshot_xmin(snap.s)::text::bigint >= %s::bigint THEN COALESCE("
+            "SELECT seen.floor, passed.passed, "
+            "CASE WHEN passed.passed THEN COALESCE("
             f"(SELECT MIN(b.id) - 1 FROM {table} b WHERE b.group_id IS NULL {where} "
             "AND b.id > seen.floor AND b.id <= %s::bigint), %s::bigint) END AS target "
-            "FROM snap, seen), "
-            f"moved AS (UPDATE {state} s SET claim_floor = goal.target FROM goal "
-            "WHERE s.stream = %s AND s.claim_floor = goal.floor AND goal.target > goal.floor "
-            "RETURNING s.claim_floor) "
-            "SELECT COALESCE((SELECT claim_floor FROM moved), goal.floor), goal.barrier, "
-            "COALESCE(goal.passed, FALSE) FROM goal"
+            "FROM seen, passed), "
+            f"moved AS (UPDATE {state} st SET claim_floor = goal.target FROM goal "
+            "WHERE st.stream = %s AND st.claim_floor = goal.floor AND goal.target > goal.floor "
+            "RETURNING st.claim_floor) "
+            "SELECT COALESCE((SELECT claim_floor FROM moved), goal.floor), "
+            f"ARRAY({OPEN_TRANSACTIONS}), COALESCE(goal.passed, FALSE) FROM goal"
         )
         row = self.ops.fetchone(
             sql,
-            [
-                self.stream,
-                barrier,
-                barrier,
-                *params,
-                highest_id,
-                highest_id,
-                self.stream,
-            ],
+            [self.stream, barrier, *params, highest_id, highest_id, self.stream],
         )
-        return None if row is None else FloorStep(int(row[0]), int(row[1]), bool(row[2]))
+        if row is None:
+            return None
+        return FloorStep(int(row[0]), [int(x) for x in row[1]], bool(row[2]))
 
     def lower(self, lowest_id: int) -> int | None:
         """Lower the floor below *lowest_id*, an unclaimed row, if it passed it.
