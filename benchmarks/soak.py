@@ -140,7 +140,8 @@ def claim_sample() -> dict[str, float]:
     ]
     return {
         "ms": float(top["Execution Time"]),
-        "rows": sum(int(node.get("Actual Rows", 0)) for node in picks),
+        # Rows the pick's scan returned (a row another claim holds is skipped after).
+        "pick_rows": sum(int(node.get("Actual Rows", 0)) for node in picks),
         # What the pick stepped over: the buffers of its scan of the unclaimed index.
         "pick_buffers": sum(
             int(node["Shared Hit Blocks"] + node["Shared Read Blocks"]) for node in picks
@@ -250,7 +251,7 @@ def held_minutes(phase: dict[str, Any]) -> list[dict[str, Any]]:
                 "claim_ms_mean": round(statistics.mean(s["ms"] for s in inside), 2)
                 if inside
                 else None,
-                "claim_rows_mean": round(statistics.mean(s["rows"] for s in inside))
+                "pick_rows_mean": round(statistics.mean(s["pick_rows"] for s in inside))
                 if inside
                 else None,
                 "pick_buffers_mean": round(statistics.mean(s["pick_buffers"] for s in inside))
