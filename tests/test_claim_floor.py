@@ -202,5 +202,6 @@ def test_the_claims_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, m
     publish_unwoken(STREAM, [{"n": n} for n in range(20)])
     after_many = claim_buffers()
 
-    # Ten times the dead rows behind the claim: the same pages touched.
-    assert after_many <= after_few + 5, (after_few, after_many)
+    # Ten times the dead rows behind it, and the claim touches the same pages (the
+    # indexes' growth aside); from the index's oldest end it touched 280 more here.
+    assert after_many <= after_few + 50, (after_few, after_many)
