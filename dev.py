@@ -277,7 +277,9 @@ def cmd_bench(bench_args: list[str]) -> int:
     pg += ["--var", "BENCH_DATABASE_URL"]
     if bench_args[:1] == ["soak"]:  # python3 dev.py bench soak [--minutes M] ...
         # The soak measures autovacuum: a server that has it off cannot show anything.
-        return run([*pg, "--autovacuum", "--", PYTHON, "-m", "benchmarks.soak", *bench_args[1:]])
+        # With --held-snapshot nothing can be vacuumed anyway: any server does.
+        vacuum = [] if "--held-snapshot" in bench_args else ["--autovacuum"]
+        return run([*pg, *vacuum, "--", PYTHON, "-m", "benchmarks.soak", *bench_args[1:]])
     return run([*pg, "--", PYTHON, "-m", "benchmarks.run", *bench_args])
 
 

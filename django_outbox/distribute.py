@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django_outbox import claim_floor
 from django_outbox.conf import get_stream, outbox_settings
 from django_outbox.db import stream_buffer
 from django_outbox.rescue import requeue_due_groups
@@ -32,7 +33,9 @@ def distribute(stream: str) -> DistributeResult:
     Groups that are due again (a retry whose backoff has passed, or a lease that
     expired) are re-enqueued first. The backlog is counted up to ``CHAINS`` batches,
     so the count costs the same whatever the backlog; runs start for it up to
-    ``CHAINS`` in flight. Paused streams are skipped.
+    ``CHAINS`` in flight. Where the stream keeps a claim floor, a floor that passed the
+    lowest unclaimed row (the count reads it) is lowered below it first: the floor's
+    safety net (:mod:`django_outbox.claim_floor`). Paused streams are skipped.
     """
     config = get_stream(stream)
     state = runtime_state(stream)
@@ -41,7 +44,8 @@ def distribute(stream: str) -> DistributeResult:
     requeued, exhausted = requeue_due_groups(config)
     batch_size = effective_batch_size(config, state)
     cap = config.chains * batch_size
-    backlog = stream_buffer(config).count_unclaimed(cap)
+    backlog, lowest_id = stream_buffer(config).backlog(cap)
+    claim_floor.lower_if_passed(config, lowest_id)
     started = start_backlog_runs(stream, backlog, batch_size)
     return DistributeResult(
         stream,

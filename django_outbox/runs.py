@@ -37,11 +37,12 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
-from django_outbox import transport
+from django_outbox import claim_floor, transport
 from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
 from django_outbox.batch import queued_lease
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
+from django_outbox.db.base import Claimed
 from django_outbox.db.runs import runs_in_flight, wake_state
 from django_outbox.db.transient import outlast_outage, retry_transient
 from django_outbox.lease import worker_identity
@@ -69,6 +70,7 @@ class ClaimResult:
     group_id: uuid.UUID | None
     size: int
     limit: int
+    highest_id: int | None = None
 
     @property
     def claimed_any(self) -> bool:
@@ -124,7 +126,8 @@ def claim_group(
     the group row. With *run_here* the group starts running at attempt 1, leased to
     this worker, which processes it next (:func:`django_outbox.attempt.run_attempt`);
     otherwise it is queued and a run job for it is enqueued in the same transaction.
-    A paused stream claims nothing. *state* saves reading the state row again.
+    A paused stream claims nothing. *state* saves reading the state row again; its
+    claim floor (:mod:`django_outbox.claim_floor`) is where the claim starts.
     """
     config = get_stream(stream)
     if state is None:
@@ -132,15 +135,17 @@ def claim_group(
     if state is not None and state.paused:
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
+    floor = state.claim_floor if state is not None else 0
     group_id = uuid.uuid4()
     ops = stream_buffer(config)
     alias = connection_for(config.model_class).alias
     lease = Now() + timedelta(seconds=config.lease_seconds)
     queued = Now() + queued_lease(config)
 
-    def claim_transaction() -> int:
+    def claim_transaction() -> Claimed:
         with transaction.atomic(using=alias):
-            size = ops.claim(group_id, limit)
+            claimed = ops.claim(group_id, limit, floor)
+            size = claimed.size
             if size and run_here:
                 OutboxGroup.objects.create(
                     id=group_id,
@@ -160,15 +165,15 @@ def claim_group(
                     lease_expires_at=queued,
                 )
                 transport.enqueue(transport.RUN, [(stream, str(group_id))], cluster=config.cluster)
-        return size
+        return claimed
 
-    size = outlast_outage(
+    size, highest_id = outlast_outage(
         claim_transaction,
         alias,
         what=f"claim of stream {stream}",
         wait_seconds=config.outage_seconds,
     )
-    return ClaimResult(stream, group_id if size else None, size, limit)
+    return ClaimResult(stream, group_id if size else None, size, limit, highest_id)
 
 
 # -- start --------------------------------------------------------------------------
@@ -242,10 +247,6 @@ def wake(stream: str, *, using: str | None = None) -> None:
     on_commit_once(("django_outbox.wake", stream), partial(wake_now, stream), using=alias)
 
 
-#: The name of round 1; it now wakes the stream.
-kick = wake
-
-
 # -- run ----------------------------------------------------------------------------
 
 
@@ -284,6 +285,7 @@ class _Run:
                 logger.warning("Could not hand the run of %s over; it goes on", self.stream)
                 self.deadline = now + RUN_SECONDS
         claim = claim_group(self.stream, run_here=True, state=state)
+        self._advance_floor(claim, state)
         if claim.full and now - self.fanned_out_at >= RECHECK_SECONDS:
             self.fanned_out_at = now
             try:
@@ -303,6 +305,15 @@ class _Run:
             what=f"{what} of stream {self.stream}",
             wait_seconds=self.config.outage_seconds,
         )
+
+    def _advance_floor(self, claim: ClaimResult, state: StreamState) -> None:
+        """Move the stream's claim floor after this claim (at most once a second)."""
+        claim_floor.claimed(self.stream, claim.highest_id)
+        floor = self._outlasting(
+            partial(claim_floor.advance, self.config, state.claim_floor), "a claim floor's move"
+        )
+        if floor is not None:
+            state.claim_floor = floor
 
     def _read_state(self) -> StreamState:
         self.state = self._outlasting(partial(runtime_state, self.stream), "a run's state read")

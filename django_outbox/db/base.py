@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -73,14 +73,22 @@ class BufferOps:
 
     # -- the interface ---------------------------------------------------------------
 
-    def claim_sql(self) -> tuple[str, list[Any]]:
+    #: Whether claims start above the stream's claim floor (:mod:`django_outbox.claim_floor`):
+    #: where a claimed or deleted row's entry stays in the unclaimed index while any
+    #: snapshot can see it (PostgreSQL), a claim from the index's oldest end would step
+    #: over all of them. SQLite removes the entry with the row.
+    keeps_claim_floor = False
+
+    def claim_sql(self, floor: int = 0) -> tuple[str, list[Any]]:
         """The single statement that stamps up to n unclaimed rows with a group.
 
         Its plan never scans the whole buffer: the ids are picked by the partial index of
         unclaimed rows and the rows found by primary key (:meth:`Dialect.id_pick`). For
         the shared table the pick orders by ``stream, id`` (the same order, the stream
         being fixed), which only the partial ``(stream, id)`` index provides without a
-        sort. Rows another claim holds are skipped (PostgreSQL).
+        sort. Rows another claim holds are skipped (PostgreSQL). Its parameters are the
+        group id, the returned ones, and the limit. *floor* is used where
+        :attr:`keeps_claim_floor`.
         """
         where, params = self.stream_clause()
         order = "stream, id" if self.stream is not None else "id"
@@ -90,14 +98,15 @@ class BufferOps:
         )
         return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
 
-    def claim(self, group_id: uuid.UUID, limit: int) -> int:
-        """Stamp up to *limit* unclaimed rows, oldest first, with *group_id*; return how many.
+    def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:
+        """Stamp up to *limit* unclaimed rows, oldest first, with *group_id*.
 
         Must run inside a transaction. Rows another transaction is claiming are skipped
-        (PostgreSQL) or wait for it (SQLite, serialized by its write lock).
+        (PostgreSQL) or wait for it (SQLite, serialized by its write lock). Where
+        :attr:`keeps_claim_floor`, only rows above *floor* are looked at.
         """
-        sql, where_params = self.claim_sql()
-        return self.execute(sql, [self.group_param(group_id), *where_params, limit])
+        sql, where_params = self.claim_sql(floor)
+        return Claimed(self.execute(sql, [self.group_param(group_id), *where_params, limit]))
 
     def count_unclaimed(self, cap: int) -> int:
         """Count unclaimed rows, stopping at *cap*, so the cost never grows past it."""
@@ -108,6 +117,10 @@ class BufferOps:
             [*params, cap],
         )
         return int(row[0]) if row else 0
+
+    def backlog(self, cap: int) -> Backlog:
+        """Count unclaimed rows up to *cap*; where :attr:`keeps_claim_floor`, the lowest too."""
+        return Backlog(self.count_unclaimed(cap))
 
     def group_rows(self, group_id: uuid.UUID, names: Iterable[str] = ()) -> list[dict[str, Any]]:
         """Return the group's rows, in id order, as dicts of the named concrete fields.
@@ -196,6 +209,20 @@ class BufferOps:
             keep, keep_params = self.dialect.in_ids(move.keep_ids, negate=True)
             where, params = f"{where} AND {keep}", [*params, *keep_params]
         return where, params
+
+
+class Claimed(NamedTuple):
+    """What a claim stamped: how many rows, and the highest id among them where known."""
+
+    size: int
+    highest_id: int | None = None
+
+
+class Backlog(NamedTuple):
+    """Unclaimed rows counted up to a cap, and the lowest unclaimed id where known."""
+
+    rows: int
+    lowest_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,53 @@
-"""PostgreSQL: SKIP LOCKED claims and single-statement ``DELETE … RETURNING`` moves."""
+"""PostgreSQL: SKIP LOCKED claims above the claim floor, ``DELETE … RETURNING`` moves."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from django_outbox.db.base import ARCHIVE_COLUMNS, BufferOps, Move
+from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move
 
 
 class PostgresBufferOps(BufferOps):
-    """A group moves into the archive in one statement: ``DELETE … RETURNING`` in a CTE."""
+    """A group moves into the archive in one statement: ``DELETE … RETURNING`` in a CTE.
+
+    A claim starts above the stream's claim floor and reports the highest id it took,
+    from which the floor advances (:mod:`django_outbox.claim_floor`).
+    """
+
+    keeps_claim_floor = True
+
+    def _order(self) -> str:
+        return "stream, id" if self.stream is not None else "id"
+
+    def claim_sql(self, floor: int = 0) -> tuple[str, list[Any]]:
+        where, params = self.stream_clause()
+        pick = self.dialect.id_pick(
+            f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} AND id > %s "
+            f"ORDER BY {self._order()} LIMIT %s{self.dialect.skip_locked}"
+        )
+        return (
+            f"WITH claimed AS (UPDATE {self.table} SET group_id = %s WHERE {pick} "
+            "RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed",
+            [*params, floor],
+        )
+
+    def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:
+        sql, where_params = self.claim_sql(floor)
+        row = self.fetchone(sql, [self.group_param(group_id), *where_params, limit])
+        assert row is not None
+        return Claimed(int(row[0]), row[1])
+
+    def backlog(self, cap: int) -> Backlog:
+        """One statement: the count from the index's oldest end, whose first row is the
+        lowest unclaimed id (what the floor's safety net compares with the floor)."""
+        where, params = self.stream_clause()
+        row = self.fetchone(
+            f"SELECT COUNT(*), MIN(id) FROM (SELECT id FROM {self.table} "
+            f"WHERE group_id IS NULL {where} ORDER BY {self._order()} LIMIT %s) AS backlog",
+            [*params, cap],
+        )
+        return Backlog(int(row[0]), row[1]) if row else Backlog(0)
 
     def move_statements(self, group_id: uuid.UUID, move: Move) -> list[tuple[str, list[Any]]]:
         where, params = self.group_where(group_id, move)

@@ -15,6 +15,9 @@ class StreamState(models.Model):
     ``paused`` and ``batch_size_override`` are obeyed by the next claim. ``wanted`` is
     raised by a commit that wrote rows while a run of the stream was in flight, and
     lowered by the run that claims again because of it (see :mod:`django_outbox.runs`).
+    ``claim_floor`` is where claims of the stream start in the buffer's id order on a
+    database that keeps dead index entries (PostgreSQL; see
+    :mod:`django_outbox.claim_floor`): every row at or below it is claimed.
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -29,6 +32,12 @@ class StreamState(models.Model):
         default=False,
         editable=False,
         help_text="Rows were committed while a run was in flight: the run claims again.",
+    )
+    claim_floor = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Every buffer row of the stream with an id up to this one is claimed: "
+        "claims start above it.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 
