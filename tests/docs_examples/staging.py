@@ -11,10 +11,11 @@ from datetime import timedelta
 from django.db import transaction
 
 from django_outbox.staging import stage_task
+from marketing.models import Lead
+
+from .jobs import ask_for_feedback, charge_signup_fee, send_welcome
 
 # --8<-- [end:imports]
-from marketing.models import Lead
-from tests.docs_examples.jobs import ask_for_feedback, charge_signup_fee, send_welcome
 
 
 # --8<-- [start:sign_up]
