@@ -33,7 +33,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.checks import run_checks
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.urls import resolve
 from django.utils.module_loading import import_string
@@ -433,8 +433,9 @@ def logger_exists(name: str) -> bool:
     return isinstance(logger, logging.Logger) and logger.name == name
 
 
+@pytest.mark.django_db  # a DATABASES block connects with its options
 @pytest.mark.parametrize("block", blocks_checked_by("settings"))
-def test_settings_example_is_valid(block, request):
+def test_settings_example_is_valid(block):
     """A settings block, evaluated, passes the check its settings have."""
     namespace: dict[str, Any] = {"DATABASES": copy.deepcopy(settings.DATABASES)}
     exec(compile(block.source, str(block), "exec"), namespace)
@@ -465,11 +466,9 @@ def test_settings_example_is_valid(block, request):
         # Only options of the project's database engine can be tried on it.
         if connection.vendor != "postgresql":
             pytest.skip("PostgreSQL options: checked by the PostgreSQL tier (pytest --postgres)")
-        request.getfixturevalue("db")
         options = values["DATABASES"]["default"]["OPTIONS"]
-        wrapper = connection.__class__(
-            {**connection.settings_dict, "OPTIONS": options}, alias="docs_example"
-        )
+        default = connections["default"]
+        wrapper = type(default)({**default.settings_dict, "OPTIONS": options}, alias="default")
         try:
             with wrapper.cursor() as cursor:
                 cursor.execute("SELECT 1")
