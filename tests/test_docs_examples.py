@@ -249,6 +249,8 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w
 PYTHON = {"python", "py", "python3"}
 INCLUDE = re.compile(r'^--8<--[ \t]+"(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"[ \t]*$')
 MARKER = re.compile(r"^[ \t]*#?[ \t]*--8<--[ \t]+\[(?P<edge>start|end):(?P<section>[\w-]+)\]")
+# Where the suite's code lives: a page includes Python only from there.
+TESTED_DIRS = ("tests/", "example_project/")
 # The README cannot include files: its example is made of lines of these, which the
 # tutorial's tests and the example project's tests run.
 README_SOURCES = [
@@ -391,6 +393,10 @@ def blocks_checked_by(kind: str) -> list[pytest.param]:
 def test_every_python_example_is_included_or_checked():
     assert any(b.page.name == "README.md" for b in BLOCKS), "the README's example was not found"
     assert len([b for b in BLOCKS if how_checked(b) == "include"]) > 10
+    untested = [
+        f"{b}: {path}" for b in BLOCKS for path, _ in b.includes if not path.startswith(TESTED_DIRS)
+    ]
+    assert untested == [], f"included from outside {TESTED_DIRS}: {untested}"
     unchecked = [str(b) for b in BLOCKS if how_checked(b) is None]
     assert unchecked == [], (
         "These ```python blocks are neither included from a tested file (--8<-- lines) nor "
@@ -409,6 +415,7 @@ def test_python_example_compiles(block):
 def test_python_example_lines_come_from_tested_files(block):
     """The README's example, and what a page writes around an include, are tested lines."""
     sources = README_SOURCES if block.page.name == "README.md" else [p for p, _ in block.includes]
+    sources = list(dict.fromkeys(sources))
     tested = {code for path in sources for code in code_lines((ROOT / path).read_text()) if code}
     written = [
         (page_line, code)
