@@ -89,7 +89,9 @@ def test_four_clusters_share_the_work_and_finish_a_killed_clusters_work(redis_ur
         "OUTBOX_TEST_OUTAGE": "1",
         "OUTBOX_TEST_LEASE": "5",
         "OUTBOX_TEST_HANDOFF": "4",
-        "OUTBOX_TEST_REDELIVER": "5",
+        # Above the clusters' timeout (60 s), as check E057 asks: a delivery may still
+        # be running until then.
+        "OUTBOX_TEST_REDELIVER": "61",
     }
     queue = f"outbox-clusters-{uuid.uuid4().hex[:8]}"
     env = {
