@@ -3,18 +3,21 @@
 ``publish()`` is on the hot path of the application's own transactions, so it costs one
 INSERT and nothing else: the payload is checked and serialized once, and the row is
 written with a single vendor statement instead of a model save (no model signals are
-sent for ``OutboxEvent``).
+sent for ``OutboxEvent``). On PostgreSQL the same statement asks whether a run of the
+stream is in flight; when one is, the commit needs no wake of its own
+(:mod:`django_outbox.db.wake_guard`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import JSONField, Value
 
 from django_outbox.conf import StreamConfig, get_stream
-from django_outbox.db import buffer_ops, connection_for
+from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.jsondata import MAX_DEPTH, dumps_or
 from django_outbox.models import OutboxEvent
@@ -57,8 +60,11 @@ def publish(stream: str, payload: Any) -> int:
     :func:`django_outbox.runs.wake`).
     """
     _check(stream)
-    event_id = buffer_ops(OutboxEvent).insert_event(stream, _dumps(stream, payload))
-    wake(stream, using=connection_for(OutboxEvent).alias)
+    payload_json = _dumps(stream, payload)
+    ops = buffer_ops(OutboxEvent)
+    started = time.monotonic()
+    event_id, guarded = ops.insert_event_guarded(stream, payload_json)
+    wake(stream, using=ops.connection.alias, guarded_since=started if guarded else None)
     return event_id
 
 

@@ -43,8 +43,9 @@ from django_outbox.batch import queued_lease
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.base import Claimed
-from django_outbox.db.runs import runs_in_flight, wake_state
+from django_outbox.db.runs import publishers_done, raise_wake_epoch, runs_in_flight, wake_state
 from django_outbox.db.transient import outlast_outage, retry_transient
+from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS, PUBLISHERS_WAIT_SECONDS
 from django_outbox.lease import worker_identity
 from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.oncommit import on_commit_once
@@ -234,17 +235,38 @@ def wake_now(stream: str) -> bool:
     return start_runs(stream, 1, only_if_idle=True) > 0
 
 
-def wake(stream: str, *, using: str | None = None) -> None:
+def wake(stream: str, *, using: str | None = None, guarded_since: float | None = None) -> None:
     """Wake *stream* once the current transaction on *using* commits.
 
     ``publish()``, ``publish_many()`` and every ORM write of buffer rows call this; call
     it yourself after writing buffer rows another way (raw SQL, a ``PublishTrigger``).
     Within one transaction the stream is woken once, whatever the number of calls; a
     rolled-back transaction wakes nothing; outside a transaction it wakes at once.
+
+    *guarded_since* (``publish()`` on PostgreSQL) says that the row's INSERT found a run
+    in flight and took the wake guard's lock at that ``time.monotonic()``: the run waits
+    for this commit before it ends, so the commit needs no wake, unless every row of
+    the transaction was guarded and the transaction outlasted
+    :data:`~django_outbox.db.wake_guard.LONG_TRANSACTION_SECONDS`
+    (:mod:`django_outbox.db.wake_guard`).
     """
     get_stream(stream)
     alias = using or connection_for(StreamState).alias
-    on_commit_once(("django_outbox.wake", stream), partial(wake_now, stream), using=alias)
+    on_commit_once(
+        ("django_outbox.wake", stream),
+        partial(_wake_after_commit, stream),
+        using=alias,
+        item=guarded_since,
+    )
+
+
+def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
+    """The commit's wake: none when a run in flight waits for every row it wrote."""
+    if None not in guarded_since:
+        since = min(s for s in guarded_since if s is not None)
+        if time.monotonic() - since <= LONG_TRANSACTION_SECONDS:
+            return False
+    return wake_now(stream)
 
 
 # -- run ----------------------------------------------------------------------------
@@ -272,13 +294,15 @@ class _Run:
         else:
             state = self._decide_to_continue()
             if state is None:
-                return None
+                return self._last_claim()
         if state.paused:
+            self._last_claim()
             return None
         if now >= self.deadline:
             try:
-                claim_group(self.stream, state=state)  # handed to a fresh job
-                return None
+                if claim_group(self.stream, state=state).claimed_any:
+                    return None  # handed to a fresh job
+                return self._last_claim()
             except Exception:
                 # The broker refused the job (Redis restarting, say): this run goes on
                 # itself; a group queued for the lost job is handed over again later.
@@ -286,6 +310,8 @@ class _Run:
                 self.deadline = now + RUN_SECONDS
         claim = claim_group(self.stream, run_here=True, state=state)
         self._advance_floor(claim, state)
+        if not claim.claimed_any:
+            return self._last_claim()
         if claim.full and now - self.fanned_out_at >= RECHECK_SECONDS:
             self.fanned_out_at = now
             try:
@@ -295,6 +321,28 @@ class _Run:
                 # claimed group and goes on.
                 logger.warning("Could not start more runs of %s", self.stream, exc_info=True)
         return claim
+
+    def _last_claim(self) -> ClaimResult | None:
+        """The run is ending: wait for the publishers that relied on it, claim once more.
+
+        ``publish()`` on PostgreSQL skips its wake while a run is in flight
+        (:mod:`django_outbox.db.wake_guard`). Raising the epoch makes later publishers
+        wake the stream themselves; the ones that skipped under the old epoch are
+        waited for (at most ``PUBLISHERS_WAIT_SECONDS``), and one more claim takes
+        what they committed. Returns that claim when it took rows (the run goes on).
+        """
+        if not self.config.is_generic:
+            return None  # only publish() skips its wake: nobody relies on this run
+        epoch = self._outlasting(partial(raise_wake_epoch, self.stream), "a run's end")
+        if epoch is None:
+            return None
+        _wait_for_publishers(self.stream, epoch)
+        state = self._read_state()
+        if state.paused:
+            return None
+        claim = claim_group(self.stream, run_here=True, state=state)
+        self._advance_floor(claim, state)
+        return claim if claim.claimed_any else None
 
     def _outlasting(self, fn: Any, what: str) -> Any:
         """Run the step *fn* again once the database answers, if it went away meanwhile."""
@@ -344,6 +392,30 @@ class _Run:
         self.state = state
         self.state_read_at = time.monotonic()
         return state
+
+
+def _wait_for_publishers(stream: str, epoch: int) -> bool:
+    """Wait until every publisher that skipped its wake under *epoch* has ended.
+
+    Polls the guard's lock without queueing on it (a queued exclusive request would
+    hold up the publishers behind it), from 0.5 ms up to 50 ms apart, for at most
+    ``PUBLISHERS_WAIT_SECONDS``; a publisher still open then wakes the stream after its
+    own commit (its transaction is a long one). Returns whether they all ended.
+    """
+    deadline = time.monotonic() + PUBLISHERS_WAIT_SECONDS
+    pause = 0.0005
+    while not publishers_done(stream, epoch):
+        if time.monotonic() >= deadline:
+            logger.info(
+                "A transaction that published to %s is still open after %.0fs; it wakes "
+                "the stream when it commits",
+                stream,
+                PUBLISHERS_WAIT_SECONDS,
+            )
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return True
 
 
 def run(

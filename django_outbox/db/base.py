@@ -188,6 +188,11 @@ class BufferOps:
         assert row is not None
         return int(row[0])
 
+    def insert_event_guarded(self, stream: str, payload_json: str) -> tuple[int, bool]:
+        """Insert one row into the generic buffer; return its id and whether the commit
+        may skip the wake (:mod:`django_outbox.db.wake_guard`). One statement."""
+        return self.insert_event(stream, payload_json), False
+
     def archive_group(self, group_id: uuid.UUID, move: Move) -> int:
         """Archive (when ``move.archive``) and delete the group's rows but ``move.keep_ids``.
 

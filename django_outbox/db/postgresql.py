@@ -5,7 +5,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.db import connections, router
+
+from django_outbox.db import wake_guard
 from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move
+from django_outbox.models import StreamState
 
 
 class PostgresBufferOps(BufferOps):
@@ -31,6 +35,18 @@ class PostgresBufferOps(BufferOps):
             "RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed",
             [*params, floor],
         )
+
+    def insert_event_guarded(self, stream: str, payload_json: str) -> tuple[int, bool]:
+        if connections[router.db_for_write(StreamState)] is not self.connection:
+            return super().insert_event_guarded(stream, payload_json)
+        row = self.fetchone(
+            f"INSERT INTO {self.table} (created_at, stream, payload) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}) "
+            f"RETURNING id, {wake_guard.FUNCTION}(%s)",
+            [stream, payload_json, stream],
+        )
+        assert row is not None
+        return int(row[0]), bool(row[1])
 
     def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:
         sql, where_params = self.claim_sql(floor)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_outbox.db import connection_for
+from django_outbox.db import connection_for, wake_guard
 from django_outbox.db.dialect import dialect_of
 from django_outbox.models import GroupState, OutboxGroup, StreamState
 
@@ -56,3 +56,30 @@ def runs_in_flight(stream: str) -> int:
             [stream, GroupState.CLAIMED, GroupState.RUNNING],
         )
         return int(cursor.fetchone()[0])
+
+
+def raise_wake_epoch(stream: str) -> int | None:
+    """Raise the stream's ``wake_epoch``; return the value publishers relied on.
+
+    None where publishers never skip their wake (:func:`wake_guard.guarded` is false,
+    or the buffer and the state live on different databases): nothing to wait for.
+    """
+
+    connection = connection_for(StreamState)
+    if not wake_guard.guarded(connection):
+        return None
+    _, state_table = _tables(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {state_table} SET wake_epoch = wake_epoch + 1 WHERE stream = %s "
+            "RETURNING wake_epoch - 1",
+            [stream],
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def publishers_done(stream: str, epoch: int) -> bool:
+    """Whether every publisher that skipped its wake under *epoch* has ended."""
+
+    return wake_guard.publishers_done(connection_for(StreamState), stream, epoch)

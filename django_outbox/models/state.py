@@ -18,6 +18,9 @@ class StreamState(models.Model):
     ``claim_floor`` is where claims of the stream start in the buffer's id order on a
     database that keeps dead index entries (PostgreSQL; see
     :mod:`django_outbox.claim_floor`): every row at or below it is claimed.
+    ``wake_epoch`` is raised by a run that is about to end, so that it can wait for the
+    publishers that skipped their wake while it was in flight
+    (:mod:`django_outbox.db.wake_guard`).
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -38,6 +41,12 @@ class StreamState(models.Model):
         editable=False,
         help_text="Every buffer row of the stream with an id up to this one is claimed: "
         "claims start above it.",
+    )
+    wake_epoch = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Raised by a run about to end; publishers that skipped their wake "
+        "under the previous value are waited for (see django_outbox.db.wake_guard).",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 

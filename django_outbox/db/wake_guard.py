@@ -1,0 +1,107 @@
+"""The wake guard: how ``publish()`` on PostgreSQL skips the wake after its commit.
+
+A commit that wrote buffer rows must make sure a run will claim them (:mod:`django_outbox.
+runs`). After its commit the wake reads the stream's state, and starts a run when none
+is in flight: a round trip in the request for every transaction. On PostgreSQL,
+``publish()`` instead asks the database in its own INSERT statement, through the
+function below, whether a run is in flight (and the stream not paused). When one is, the
+function takes a transaction-scoped *shared* advisory lock named by the stream and its
+``wake_epoch``, and the publisher skips the wake. A run that is about to end raises the
+epoch, then waits until it can take that lock *exclusively* (every publisher that relied
+on it has committed or rolled back), and claims once more. Either the run sees the
+publisher's row, or the publisher read the new epoch and wakes the stream itself.
+
+A run waits for publishers at most :data:`PUBLISHERS_WAIT_SECONDS`; a publisher whose
+transaction outlasts :data:`LONG_TRANSACTION_SECONDS` (shorter) wakes the stream after
+its commit, as if it had not skipped. The function answers "wake" in a transaction that
+is not READ COMMITTED (its reads would not see the epoch move).
+"""
+
+from __future__ import annotations
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+__all__ = [
+    "LONG_TRANSACTION_SECONDS",
+    "PUBLISHERS_WAIT_SECONDS",
+]
+
+#: An ending run waits this long at most for the publishers that relied on it.
+PUBLISHERS_WAIT_SECONDS = 2.0
+#: A publisher whose transaction lasted longer than this wakes the stream after its
+#: commit even when the guard let it skip (the run may have stopped waiting for it).
+LONG_TRANSACTION_SECONDS = 1.0
+
+FUNCTION = "django_outbox_wake_skip"
+
+#: The advisory lock's keys: the stream's hash and the epoch (modulo 2**31).
+LOCK_KEYS = "hashtext('django_outbox.wake:' || {stream}), mod({epoch}, 2147483647)::int4"
+
+_FUNCTION_KEYS = LOCK_KEYS.format(stream="p_stream", epoch="v_epoch")
+
+_CREATE = f"""
+CREATE OR REPLACE FUNCTION {FUNCTION}(p_stream text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_epoch bigint;
+    v_skip boolean;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN false;
+    END IF;
+    LOOP
+        SELECT s.wake_epoch, NOT s.paused AND EXISTS (
+                SELECT 1 FROM django_outbox_outboxgroup g
+                WHERE g.stream = p_stream AND g.state IN ('claimed', 'running')
+                AND g.lease_expires_at > now())
+          INTO v_epoch, v_skip
+          FROM django_outbox_streamstate s WHERE s.stream = p_stream;
+        IF NOT FOUND OR NOT v_skip THEN
+            RETURN false;
+        END IF;
+        PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS});
+        IF (SELECT s.wake_epoch FROM django_outbox_streamstate s
+            WHERE s.stream = p_stream) = v_epoch THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+END
+$$;
+"""
+
+_DROP = f"DROP FUNCTION IF EXISTS {FUNCTION}(text);"
+
+
+def create_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Install the guard's function (PostgreSQL only; elsewhere nothing to do)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_CREATE, params=None)
+
+
+def drop_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_DROP, params=None)
+
+
+def guarded(connection: BaseDatabaseWrapper) -> bool:
+    """Whether inserts on *connection* ask the guard (PostgreSQL)."""
+    return connection.vendor == "postgresql"
+
+
+def publishers_done(connection: BaseDatabaseWrapper, stream: str, epoch: int) -> bool:
+    """Whether no transaction still holds the guard's lock of *stream* at *epoch*.
+
+    Takes the lock exclusively and lets it go in one statement, without waiting: a
+    publisher queued behind a waiting run would wait with it. (A session lock, so that
+    a caller inside a transaction does not keep it.)
+    """
+    keys = LOCK_KEYS.format(stream="%s", epoch="%s")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT CASE WHEN pg_try_advisory_lock({keys}) "
+            f"THEN pg_advisory_unlock({keys}) ELSE false END",
+            [stream, epoch, stream, epoch],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])

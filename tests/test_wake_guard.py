@@ -1,0 +1,174 @@
+"""The wake guard: ``publish()`` on PostgreSQL skips its commit's wake while a run is
+in flight, and the run waits for it before it ends (:mod:`django_outbox.db.wake_guard`).
+
+Autocommit tests (``transaction=True``), as an application's requests run: a publisher
+on a connection of its own (a thread) against a run in this one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from django_outbox import publish, runs, transport
+from django_outbox.db import buffer_ops
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.runs import set_paused
+from tests.test_runs import SMALL, run_jobs
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+WAIT = 30  # seconds: a bound for a thread's event, never reached when the code is right
+
+
+def a_run_in_flight() -> transport.Job:
+    """Publish one row so that a run is queued for it (a live claimed group)."""
+    with transport.capture() as jobs, transaction.atomic():
+        publish("audit", {"n": 0})
+    (job,) = run_jobs(jobs)
+    assert OutboxGroup.objects.filter(stream="audit").exists()
+    return job
+
+
+class Publisher(threading.Thread):
+    """Publish one event on a connection of its own; commit when told to."""
+
+    def __init__(self, n: int, commit_when: Callable[[], bool]) -> None:
+        super().__init__()
+        self.n = n
+        self.commit_when = commit_when
+        self.published = threading.Event()
+        self.jobs: list[transport.Job] = []
+        self.after_commit_queries = -1
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        try:
+            with transport.capture() as jobs:
+                with CaptureQueriesContext(connections["default"]) as queries:
+                    with transaction.atomic():
+                        publish("audit", {"n": self.n})
+                        self.published.set()
+                        assert self.commit_when()
+                        inside = len(queries)
+                    after = queries.captured_queries[inside:]
+                    self.after_commit_queries = sum(q["sql"] != "COMMIT" for q in after)
+                self.jobs = list(jobs)
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+            self.published.set()
+        finally:
+            connections.close_all()
+
+
+@pytest.fixture
+def waiting_run(monkeypatch) -> Iterator[threading.Event]:
+    """An event set once an ending run has found a publisher still in flight."""
+    found = threading.Event()
+    done = runs.publishers_done
+
+    def observed(stream: str, epoch: int) -> bool:
+        ended = done(stream, epoch)
+        if not ended:
+            found.set()
+        return ended
+
+    monkeypatch.setattr(runs, "publishers_done", observed)
+    yield found
+
+
+@override_settings(**SMALL)
+def test_a_publish_while_a_run_is_in_flight_costs_its_insert_and_no_wake():
+    a_run_in_flight()
+
+    with transport.capture() as jobs, CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            publish("audit", {"n": 1})
+
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
+    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    assert len(statements) == 1 and statements[0].startswith("INSERT"), statements
+    assert not jobs  # the run in flight takes the row: no second run, no query
+
+
+@override_settings(**SMALL)
+def test_an_ending_run_waits_for_a_publisher_that_relied_on_it_and_takes_its_row(waiting_run):
+    job = a_run_in_flight()
+    publisher = Publisher(1, commit_when=lambda: waiting_run.wait(WAIT))
+    publisher.start()
+    assert publisher.published.wait(WAIT)
+
+    with transport.capture():
+        outcomes = job.run()  # the queued group, then the publisher's row once committed
+
+    publisher.join(WAIT)
+    assert not publisher.errors
+    assert waiting_run.is_set()  # the run found the publisher in flight and waited
+    assert publisher.after_commit_queries == 0 and not publisher.jobs  # it skipped its wake
+    assert len(outcomes) == 2
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
+    assert not OutboxEvent.objects.exists()
+
+
+@override_settings(**SMALL)
+def test_a_publisher_open_longer_than_the_run_waits_wakes_the_stream_itself(
+    waiting_run, monkeypatch
+):
+    monkeypatch.setattr(runs, "PUBLISHERS_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(runs, "LONG_TRANSACTION_SECONDS", 0.01)
+    job = a_run_in_flight()
+    run_ended = threading.Event()
+    publisher = Publisher(1, commit_when=lambda: run_ended.wait(WAIT))
+    publisher.start()
+    assert publisher.published.wait(WAIT)
+
+    with transport.capture():
+        outcomes = job.run()  # gives up waiting: the publisher is a long transaction
+    run_ended.set()
+    publisher.join(WAIT)
+
+    assert not publisher.errors
+    assert waiting_run.is_set() and len(outcomes) == 1
+    # The publisher's commit woke the stream: a run is queued for its row.
+    (woken,) = run_jobs(publisher.jobs)
+    with transport.capture():
+        woken.run()
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
+
+
+@override_settings(**SMALL)
+def test_the_guard_lets_no_publisher_skip_outside_read_committed_or_on_a_paused_stream():
+    a_run_in_flight()
+    ops = buffer_ops(OutboxEvent)
+
+    with transaction.atomic():
+        assert ops.insert_event_guarded("audit", "{}")[1] is True
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert ops.insert_event_guarded("audit", "{}")[1] is False
+    set_paused("audit", True)
+    with transaction.atomic():
+        assert ops.insert_event_guarded("audit", "{}")[1] is False
+    with transaction.atomic():
+        assert ops.insert_event_guarded("other-stream", "{}")[1] is False  # no state row
+
+
+@override_settings(**SMALL)
+def test_a_run_that_ends_raises_the_epoch_and_publishers_after_it_wake_themselves():
+    job = a_run_in_flight()
+    before = StreamState.objects.get(stream="audit").wake_epoch
+    with transport.capture():
+        assert len(job.run()) == 1
+    assert StreamState.objects.get(stream="audit").wake_epoch == before + 1
+
+    with transport.capture() as jobs, transaction.atomic():
+        publish("audit", {"n": 1})
+    (woken,) = run_jobs(jobs)  # no run in flight: the commit started one
+    with transport.capture():
+        assert len(woken.run()) == 1
