@@ -29,6 +29,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -53,6 +54,7 @@ from django_outbox.rescue import requeue_due_groups
 
 __all__ = [
     "set_paused",
+    "wait_for_publishers",
     "wake",
 ]
 
@@ -336,7 +338,7 @@ class _Run:
         epoch = self._outlasting(partial(raise_wake_epoch, self.stream), "a run's end")
         if epoch is None:
             return None
-        _wait_for_publishers(self.stream, epoch)
+        wait_for_publishers(partial(publishers_done, self.stream, epoch), self.stream)
         state = self._read_state()
         if state.paused:
             return None
@@ -394,8 +396,9 @@ class _Run:
         return state
 
 
-def _wait_for_publishers(stream: str, epoch: int) -> bool:
-    """Wait until every publisher that skipped its wake under *epoch* has ended.
+def wait_for_publishers(done: Callable[[], bool], name: str) -> bool:
+    """Wait until *done()*: every publisher (or enqueue) that skipped its wake under the
+    old epoch of the stream (or kind) *name* has ended.
 
     Polls the guard's lock without queueing on it (a queued exclusive request would
     hold up the publishers behind it), from 0.5 ms up to 50 ms apart, for at most
@@ -404,12 +407,12 @@ def _wait_for_publishers(stream: str, epoch: int) -> bool:
     """
     deadline = time.monotonic() + PUBLISHERS_WAIT_SECONDS
     pause = 0.0005
-    while not publishers_done(stream, epoch):
+    while not done():
         if time.monotonic() >= deadline:
             logger.info(
-                "A transaction that published to %s is still open after %.0fs; it wakes "
-                "the stream when it commits",
-                stream,
+                "A transaction that wrote to %s is still open after %.0fs; it wakes the "
+                "work itself when it commits",
+                name,
                 PUBLISHERS_WAIT_SECONDS,
             )
             return False

@@ -17,9 +17,13 @@ from django.test.utils import CaptureQueriesContext
 
 from django_outbox import publish, runs, transport
 from django_outbox.db import buffer_ops
-from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.db.unique import JobTable
+from django_outbox.models import ArchivedEvent, JobState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.runs import set_paused
-from tests.test_runs import SMALL, run_jobs
+from django_outbox.unique.dispatch import RUN, run_jobs
+from tests.test_runs import SMALL
+from tests.test_runs import run_jobs as run_jobs_of
+from tests.uniqueapp.models import ThrottledJob
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +34,7 @@ def a_run_in_flight() -> transport.Job:
     """Publish one row so that a run is queued for it (a live claimed group)."""
     with transport.capture() as jobs, transaction.atomic():
         publish("audit", {"n": 0})
-    (job,) = run_jobs(jobs)
+    (job,) = run_jobs_of(jobs)
     assert OutboxGroup.objects.filter(stream="audit").exists()
     return job
 
@@ -135,7 +139,7 @@ def test_a_publisher_open_longer_than_the_run_waits_wakes_the_stream_itself(
     assert not publisher.errors
     assert waiting_run.is_set() and len(outcomes) == 1
     # The publisher's commit woke the stream: a run is queued for its row.
-    (woken,) = run_jobs(publisher.jobs)
+    (woken,) = run_jobs_of(publisher.jobs)
     with transport.capture():
         woken.run()
     assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
@@ -169,6 +173,89 @@ def test_a_run_that_ends_raises_the_epoch_and_publishers_after_it_wake_themselve
 
     with transport.capture() as jobs, transaction.atomic():
         publish("audit", {"n": 1})
-    (woken,) = run_jobs(jobs)  # no run in flight: the commit started one
+    (woken,) = run_jobs_of(jobs)  # no run in flight: the commit started one
     with transport.capture():
         assert len(woken.run()) == 1
+
+
+# -- unique-job kinds: enqueue() against a worker's end --------------------------------
+
+
+def kind_at_concurrency() -> list[transport.Job]:
+    """Enqueue ThrottledJob up to its concurrency (2): one chunk task per job, queued."""
+    with transport.capture() as jobs:
+        for key in ("a", "b"):
+            with transaction.atomic():
+                ThrottledJob.enqueue(key=key)
+    chunks = [job for job in jobs if job.func == RUN]
+    assert ThrottledJob.objects.filter(state=JobState.RUNNING).count() == 2
+    return chunks
+
+
+class Enqueuer(Publisher):
+    def run(self) -> None:
+        try:
+            with transport.capture() as jobs:
+                with CaptureQueriesContext(connections["default"]) as queries:
+                    with transaction.atomic():
+                        ThrottledJob.enqueue(key=f"k{self.n}")
+                        self.published.set()
+                        assert self.commit_when()
+                        inside = len(queries)
+                    after = queries.captured_queries[inside:]
+                    self.after_commit_queries = sum(q["sql"] != "COMMIT" for q in after)
+                self.jobs = list(jobs)
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+            self.published.set()
+        finally:
+            connections.close_all()
+
+
+def test_an_enqueue_while_the_kind_is_at_its_concurrency_costs_its_insert_alone():
+    kind_at_concurrency()
+    with transport.capture():  # a worker's end makes the kind's state row
+        assert run_jobs("uniqueapp.ThrottledJob", []) == []
+
+    with transport.capture() as jobs, CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            ThrottledJob.enqueue(key="c")
+
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
+    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    assert len(statements) == 1 and statements[0].startswith("INSERT"), statements
+    assert not jobs
+
+
+def test_a_worker_whose_chunks_end_waits_for_an_enqueue_that_relied_on_it(monkeypatch):
+    first, second = kind_at_concurrency()
+    with transport.capture():
+        assert run_jobs("uniqueapp.ThrottledJob", []) == []  # the kind's state row
+    found = threading.Event()
+    done = JobTable.enqueuers_done
+
+    def observed(table: JobTable, epoch: int) -> bool:
+        ended = done(table, epoch)
+        if not ended:
+            found.set()
+        return ended
+
+    monkeypatch.setattr(JobTable, "enqueuers_done", observed)
+    enqueuer = Enqueuer(1, commit_when=lambda: found.wait(WAIT))
+    enqueuer.start()
+    assert enqueuer.published.wait(WAIT)
+
+    with transport.capture() as more:
+        outcomes = first.run()  # a; then, once the enqueue committed, k1 in a's slot
+        outcomes += second.run()
+    assert not more
+
+    enqueuer.join(WAIT)
+    assert not enqueuer.errors
+    assert found.is_set()  # the worker found the enqueue in flight and waited
+    assert enqueuer.after_commit_queries == 0 and not enqueuer.jobs  # it skipped its dispatch
+    assert sorted(ThrottledJob.objects.values_list("key", "state")) == [
+        ("a", JobState.PROCESSED),
+        ("b", JobState.PROCESSED),
+        ("k1", JobState.PROCESSED),
+    ]

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Field
 
-from django_outbox.db import connection_for
+from django_outbox.db import connection_for, wake_guard
 from django_outbox.db.base import column_name, concrete_field
 from django_outbox.db.dialect import dialect_of
+from django_outbox.models.state import KindState
 from django_outbox.unique.options import kind_options
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ class JobTable:
         self.table = self.qn(model._meta.db_table)
         self.now = self.dialect.now
         self._kept_cursor: tuple[Any, Any] | None = None  # (raw connection, its cursor)
+        #: Whether the last one-row insert found the kind at its concurrency, under the
+        #: wake guard's lock: its commit needs no dispatch (:mod:`.wake_guard`).
+        self.guarded = False
 
     def columns(self, names: Sequence[str]) -> list[str]:
         return [self.qn(column_name(concrete_field(self.model, name))) for name in names]
@@ -167,11 +171,44 @@ class JobTable:
                 f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES "
                 f"{', '.join(f'({row_sql})' for _ in rows)}{conflict} RETURNING {returned}"
             )
+        guard = len(rows) == 1 and self._guards()
+        if guard:
+            sql += f", {wake_guard.JOB_FUNCTION}(%s, %s, %s)"
+            params += [self.model._meta.label, self.table, self.options.concurrency]
+        found = self._rows(sql, params)
+        self.guarded = guard and bool(found) and bool(found[0][-1])
+        if guard:
+            found = [row[:-1] for row in found]
         if returning is not None:
-            values = [self._values(fields, row) for row in self._rows(sql, params)]
+            values = [self._values(fields, row) for row in found]
             return sorted(values, key=lambda row: row[0])
-        created = [self._instance(fields, row) for row in self._rows(sql, params)]
+        created = [self._instance(fields, row) for row in found]
         return sorted(created, key=lambda job: job.pk)
+
+    def _guards(self) -> bool:
+        """Whether a one-row insert asks the wake guard (PostgreSQL, with the kinds'
+        state on this database)."""
+        return wake_guard.guarded(self.connection) and connection_for(KindState) is self.connection
+
+    def raise_wake_epoch(self) -> int | None:
+        """Raise the kind's wake epoch; return the one enqueues relied on (None where
+        no enqueue skips its dispatch: nothing to wait for)."""
+        if not self._guards():
+            return None
+        state_table = self.qn(KindState._meta.db_table)
+        row = self._rows(
+            f"INSERT INTO {state_table} (kind, wake_epoch) VALUES (%s, 1) "
+            f"ON CONFLICT (kind) DO UPDATE SET wake_epoch = {state_table}.wake_epoch + 1 "
+            "RETURNING wake_epoch - 1",
+            [self.model._meta.label],
+        )
+        return int(row[0][0])
+
+    def enqueuers_done(self, epoch: int) -> bool:
+        """Whether every enqueue that skipped its dispatch under *epoch* has ended."""
+        return wake_guard.publishers_done(
+            self.connection, self.model._meta.label, epoch, keys=wake_guard.JOB_LOCK_KEYS
+        )
 
     def _keyless(
         self, rows: Sequence[Sequence[tuple[Field, Any]]], common: Sequence[tuple[Field, Any]]

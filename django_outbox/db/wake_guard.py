@@ -15,6 +15,12 @@ A run waits for publishers at most :data:`PUBLISHERS_WAIT_SECONDS`; a publisher 
 transaction outlasts :data:`LONG_TRANSACTION_SECONDS` (shorter) wakes the stream after
 its commit, as if it had not skipped. The function answers "wake" in a transaction that
 is not READ COMMITTED (its reads would not see the epoch move).
+
+The same guard serves unique-job kinds and the ``django.tasks`` backend: an
+``enqueue()`` whose INSERT finds the kind at its concurrency (every chunk in flight
+dispatches when it ends) skips the dispatch after its commit; a worker whose chunks
+have ended raises the kind's epoch (``KindState``), waits for those enqueues, and
+dispatches once more.
 """
 
 from __future__ import annotations
@@ -70,7 +76,47 @@ END
 $$;
 """
 
+JOB_FUNCTION = "django_outbox_job_wake_skip"
+
+#: A kind's lock keys: the kind's hash and the epoch (modulo 2**31).
+JOB_LOCK_KEYS = "hashtext('django_outbox.dispatch:' || {kind}), mod({epoch}, 2147483647)::int4"
+
+_JOB_FUNCTION_KEYS = JOB_LOCK_KEYS.format(kind="p_kind", epoch="v_epoch")
+
+#: ``p_table`` is the kind's quoted table name (from its model, never from input).
+_CREATE_JOB = f"""
+CREATE OR REPLACE FUNCTION {JOB_FUNCTION}(p_kind text, p_table text, p_concurrency integer)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_epoch bigint;
+    v_running integer;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN false;
+    END IF;
+    LOOP
+        SELECT k.wake_epoch INTO v_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE state = %L '
+                       'ORDER BY lease_expires_at LIMIT %s) r', p_table, 'running', p_concurrency)
+           INTO v_running;
+        IF v_running < p_concurrency THEN
+            RETURN false;
+        END IF;
+        PERFORM pg_advisory_xact_lock_shared({_JOB_FUNCTION_KEYS});
+        IF (SELECT k.wake_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind) = v_epoch
+        THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+END
+$$;
+"""
+
 _DROP = f"DROP FUNCTION IF EXISTS {FUNCTION}(text);"
+_DROP_JOB = f"DROP FUNCTION IF EXISTS {JOB_FUNCTION}(text, text, integer);"
 
 
 def create_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
@@ -84,19 +130,33 @@ def drop_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
         schema_editor.execute(_DROP, params=None)
 
 
+def create_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Install the guard's function for unique-job kinds (PostgreSQL only)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_CREATE_JOB, params=None)
+
+
+def drop_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_DROP_JOB, params=None)
+
+
 def guarded(connection: BaseDatabaseWrapper) -> bool:
     """Whether inserts on *connection* ask the guard (PostgreSQL)."""
     return connection.vendor == "postgresql"
 
 
-def publishers_done(connection: BaseDatabaseWrapper, stream: str, epoch: int) -> bool:
-    """Whether no transaction still holds the guard's lock of *stream* at *epoch*.
+def publishers_done(
+    connection: BaseDatabaseWrapper, stream: str, epoch: int, *, keys: str = LOCK_KEYS
+) -> bool:
+    """Whether no transaction still holds the guard's lock of *stream* at *epoch*
+    (with *keys* = :data:`JOB_LOCK_KEYS`, of the kind named *stream*).
 
     Takes the lock exclusively and lets it go in one statement, without waiting: a
     publisher queued behind a waiting run would wait with it. (A session lock, so that
     a caller inside a transaction does not keep it.)
     """
-    keys = LOCK_KEYS.format(stream="%s", epoch="%s")
+    keys = keys.format(stream="%s", kind="%s", epoch="%s")
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT CASE WHEN pg_try_advisory_lock({keys}) "

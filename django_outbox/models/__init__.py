@@ -5,7 +5,7 @@ from django_outbox.models.buffer import BufferEvent, OutboxEvent
 from django_outbox.models.groups import GroupState, OutboxGroup
 from django_outbox.models.keys import IdempotencyKey
 from django_outbox.models.staged import StagedJob
-from django_outbox.models.state import StreamState
+from django_outbox.models.state import KindState, StreamState
 from django_outbox.models.unique import JobState, UniqueJob
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "GroupState",
     "IdempotencyKey",
     "JobState",
+    "KindState",
     "OutboxEvent",
     "OutboxGroup",
     "Outcome",

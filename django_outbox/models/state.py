@@ -65,3 +65,22 @@ class StreamState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream} ({'paused' if self.paused else 'running'})"
+
+
+class KindState(models.Model):
+    """Runtime state of one unique-job kind (``app_label.ModelName``).
+
+    ``wake_epoch`` is raised by a worker whose chunks of the kind end, so that it can
+    wait for the enqueues that skipped their dispatch while the kind was at its
+    concurrency (:mod:`django_outbox.db.wake_guard`). The row is written by the first
+    such worker.
+    """
+
+    kind = models.CharField(max_length=200, primary_key=True)
+    wake_epoch = models.BigIntegerField(default=0, editable=False)
+
+    class Meta:
+        verbose_name = "job kind state"
+
+    def __str__(self) -> str:
+        return self.kind

@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
@@ -33,7 +34,7 @@ from django_outbox import transport
 from django_outbox.db.transient import outlast_outage
 from django_outbox.db.unique import JobTable
 from django_outbox.models.unique import all_kinds, get_kind
-from django_outbox.runs import RUN_SECONDS
+from django_outbox.runs import RUN_SECONDS, wait_for_publishers
 from django_outbox.unique.execute import JobOutcome, execute_chunk, rescue_expired
 from django_outbox.unique.options import KindOptions, kind_options
 
@@ -234,12 +235,39 @@ def run_jobs(
     chunk = [(int(pk), int(attempt)) for pk, attempt in jobs]
     if not chunk:
         chunk = _kept(model, keep=True, after="a commit's wake")
-    while chunk:
-        outcomes += execute_chunk(model, chunk, deadline=deadline)
-        if JobOutcome.INTERRUPTED in outcomes:
-            break
-        chunk = _kept(model, keep=time.monotonic() < deadline, after="a chunk finished")
-    return outcomes
+    while True:
+        while chunk:
+            outcomes += execute_chunk(model, chunk, deadline=deadline)
+            if JobOutcome.INTERRUPTED in outcomes:
+                return outcomes
+            chunk = _kept(model, keep=time.monotonic() < deadline, after="a chunk finished")
+        chunk = _last_kept(model)
+        if not chunk:
+            return outcomes
+
+
+def _last_kept(model: type[UniqueJob]) -> list[tuple[int, int]]:
+    """This worker's chunks are done: wait for the enqueues that relied on it, then
+    dispatch once more; the chunk kept for this worker (none when nothing was ready).
+
+    An ``enqueue()`` that found the kind at its concurrency skipped its dispatch
+    (:mod:`django_outbox.db.wake_guard`): raising the kind's epoch makes later ones
+    dispatch themselves; the ones before are waited for, and this dispatch sees
+    their jobs.
+    """
+    table = JobTable(model)
+    try:
+        wait = kind_options(model).outage_seconds
+        epoch = outlast_outage(
+            table.raise_wake_epoch, table.alias, what="a worker's end", wait_seconds=wait
+        )
+    except Exception:
+        logger.warning("A worker of %s could not end cleanly", model._meta.label, exc_info=True)
+        return []
+    if epoch is None:
+        return []
+    wait_for_publishers(partial(table.enqueuers_done, epoch), model._meta.label)
+    return _kept(model, keep=True, after="a worker's chunks ended")
 
 
 def _kept(model: type[UniqueJob], *, keep: bool, after: str) -> list[tuple[int, int]]:

@@ -10,6 +10,7 @@ The dispatch of the kind is kicked once right after the caller's transaction com
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
@@ -22,6 +23,7 @@ from django.utils import timezone
 from django_outbox.conf import outbox_settings
 from django_outbox.db.base import concrete_field
 from django_outbox.db.unique import JobTable
+from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
@@ -62,9 +64,10 @@ def enqueue(
     }
 
     def insert() -> UniqueJob | None:
+        started = time.monotonic()
         job = table.insert_pending(values, after)
         if job is not None:
-            kick_after_commit(model, table.alias)
+            kick_after_commit(model, table.alias, guarded_since=_since(table, started))
         return job
 
     return created_or_unstarted(model, insert, unique, table.alias)
@@ -132,13 +135,17 @@ def insert_many(
     for values in rows:
         groups.setdefault(tuple(field.name for field, _ in values), []).append(values)
     created: list[Any] = []
+    started = time.monotonic()
     for group in groups.values():
         for start in range(0, len(group), MANY_ROWS):
             created += table.insert_pending_many(
                 group[start : start + MANY_ROWS], after, returning, common
             )
     if created:
-        kick_after_commit(model, table.alias)
+        # One row (the tasks backend's enqueue()) may have found the kind at its
+        # concurrency under the wake guard; more rows always kick.
+        since = _since(table, started) if len(created) == 1 else None
+        kick_after_commit(model, table.alias, guarded_since=since)
     if returning is not None:
         return sorted(created, key=lambda row: row[0])
     return sorted(created, key=lambda job: job.pk)
@@ -231,16 +238,38 @@ def _check_storable(field: models.Field, value: Any, table: JobTable) -> None:
 # -- the kick after commit -------------------------------------------------------------
 
 
-def kick_after_commit(model: type[UniqueJob], alias: str) -> None:
-    """Dispatch *model* right after the current transaction commits (once per commit)."""
+def kick_after_commit(
+    model: type[UniqueJob], alias: str, *, guarded_since: float | None = None
+) -> None:
+    """Dispatch *model* right after the current transaction commits (once per commit).
+
+    *guarded_since*: the insert found the kind at its concurrency under the wake guard
+    at that ``time.monotonic()`` (PostgreSQL, :mod:`django_outbox.db.wake_guard`): a
+    worker in flight dispatches after this commit, so the commit needs no dispatch,
+    unless every insert of the transaction was guarded and it outlasted
+    ``LONG_TRANSACTION_SECONDS``.
+    """
     label = model._meta.label
-    on_commit_once(("django_outbox.dispatch", alias, label), partial(_dispatch, label), using=alias)
+    on_commit_once(
+        ("django_outbox.dispatch", alias, label),
+        partial(_dispatch, label),
+        using=alias,
+        item=guarded_since,
+    )
 
 
-def _dispatch(label: str) -> None:
+def _since(table: JobTable, started: float) -> float | None:
+    return started if table.guarded else None
+
+
+def _dispatch(label: str, guarded_since: list[float | None]) -> None:
     """Dispatch a kind after an enqueue committed: here, or handed to a worker by the
     process's dispatcher thread (``DISPATCH_ON_COMMIT``); a failure leaves it to the
-    schedule."""
+    schedule. Nothing when a worker in flight waits for every insert of the commit."""
+    if None not in guarded_since:
+        since = min(s for s in guarded_since if s is not None)
+        if time.monotonic() - since <= LONG_TRANSACTION_SECONDS:
+            return
     if outbox_settings().dispatch_on_commit == "thread":
         from django_outbox.unique.background import DISPATCHER
 
