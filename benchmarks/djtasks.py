@@ -11,9 +11,9 @@ django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is inst
   The workers are started and warm before the clock starts. Ours runs twice: with the
   default ``JOBS_PER_STATEMENT`` (1) and with 8;
 * enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
-  ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours with the
-  dispatch after each commit in the committing thread (the default: each dispatch
-  starts its task and hands it to django-q2's queue table) and handed to a worker by
+  ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours at the
+  defaults (the INSERT's own statement queues the kind's wake, a django-q2 task that
+  dispatches in a worker: no statement after the commit) and handed to a worker by
   the dispatcher thread (``DISPATCH_ON_COMMIT = "thread"``: one queue row per kind and
   10 ms; the workers, not running here, would dispatch);
 * ``enqueue_many``: N tasks in one transaction (ours; django-tasks-db has none).
@@ -170,7 +170,9 @@ def enqueue_rates(n: int) -> dict[str, Any]:
     with override_settings(TASKS=tasks):
         _clear()
         rates["ours_one_transaction_each"] = _one_transaction_each(outbox_noop, single)
-        assert TaskRecord.objects.filter(state="running").count() == single
+        # Each INSERT queued its wake (a django-q2 task that dispatches in a worker).
+        assert TaskRecord.objects.filter(state="pending").count() == single
+        assert OrmQ.objects.count() == single
         _clear()
         with override_settings(DJANGO_OUTBOX=outbox):
             rates["ours_one_transaction_each_dispatch_thread"] = _one_transaction_each(

@@ -14,6 +14,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
 
 from django_outbox import publish, runs, transport
 from django_outbox.db import buffer_ops
@@ -21,6 +23,7 @@ from django_outbox.db.unique import JobTable
 from django_outbox.models import ArchivedEvent, JobState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.runs import set_paused
 from django_outbox.unique.dispatch import RUN, run_jobs
+from django_outbox.unique.execute import JobOutcome
 from tests.test_runs import SMALL
 from tests.test_runs import run_jobs as run_jobs_of
 from tests.uniqueapp.models import ThrottledJob
@@ -259,3 +262,31 @@ def test_a_worker_whose_chunks_end_waits_for_an_enqueue_that_relied_on_it(monkey
         ("b", JobState.PROCESSED),
         ("k1", JobState.PROCESSED),
     ]
+
+
+def test_an_enqueue_below_concurrency_queues_its_wake_in_its_own_insert():
+    """With the ORM broker on the kind's database, the request's only statement is its
+    INSERT, which also queues a django-q2 task that dispatches in a worker."""
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            _, created = ThrottledJob.enqueue(key="a")
+
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
+    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    assert created and len(statements) == 1, statements
+    (row,) = OrmQ.objects.all()
+    task = SignedPackage.loads(row.payload)
+    assert (task["func"], task["args"]) == (RUN, ("uniqueapp.ThrottledJob", []))
+    assert ThrottledJob.objects.get().state == JobState.PENDING
+
+    with transport.capture():  # the worker that takes the task
+        assert run_jobs(*task["args"]) == [JobOutcome.PROCESSED]
+    assert ThrottledJob.objects.get().state == JobState.PROCESSED
+
+
+def test_an_enqueue_that_finds_a_twin_queues_no_wake():
+    with transaction.atomic():
+        ThrottledJob.enqueue(key="a")
+    with transaction.atomic():
+        _, created = ThrottledJob.enqueue(key="a")
+    assert not created and OrmQ.objects.count() == 1

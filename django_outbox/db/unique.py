@@ -51,6 +51,8 @@ class JobTable:
         #: Whether the last one-row insert found the kind at its concurrency, under the
         #: wake guard's lock: its commit needs no dispatch (:mod:`.wake_guard`).
         self.guarded = False
+        #: Whether the last one-row insert queued the kind's wake (``wake``).
+        self.woke = False
 
     def columns(self, names: Sequence[str]) -> list[str]:
         return [self.qn(column_name(concrete_field(self.model, name))) for name in names]
@@ -79,6 +81,7 @@ class JobTable:
         self,
         values: Sequence[tuple[Field, Any]],
         process_after: datetime | float | None,
+        wake: tuple[str, str, str] | None = None,
     ) -> UniqueJob | None:
         """Insert a pending job unless one with the same unique key has not started.
 
@@ -87,7 +90,7 @@ class JobTable:
         job, or None when the partial unique index said a twin waits to start (pending,
         or dispatched to a worker that has not started it).
         """
-        created = self.insert_pending_many([values], process_after)
+        created = self.insert_pending_many([values], process_after, wake=wake)
         return created[0] if created else None
 
     def insert_pending_many(
@@ -96,9 +99,15 @@ class JobTable:
         process_after: datetime | float | None,
         returning: Sequence[str] | None = None,
         common: Sequence[tuple[Field, Any]] = (),
+        wake: tuple[str, str, str] | None = None,
     ) -> list[Any]:
         """Insert pending jobs, all with the same payload fields, in one statement; skip
         each whose unique key has a job not started (an earlier row of *rows* included).
+
+        One row on PostgreSQL asks the wake guard (:attr:`guarded`); with *wake*
+        (django-q2's queue table, a cluster key and a signed package) the same statement
+        also queues that job unless the guard said a worker in flight will dispatch
+        (:attr:`woke`).
 
         *common* are (field, database value) pairs every row shares, sent once instead of
         once per row. Returns the jobs inserted, in the order of *rows*: model
@@ -171,12 +180,26 @@ class JobTable:
                 f"INSERT INTO {self.table} ({', '.join(columns)}) VALUES "
                 f"{', '.join(f'({row_sql})' for _ in rows)}{conflict} RETURNING {returned}"
             )
-        guard = len(rows) == 1 and self._guards()
+        guard = len(rows) == 1 and self.guards()
         if guard:
-            sql += f", {wake_guard.JOB_FUNCTION}(%s, %s, %s)"
+            skip = f"{wake_guard.JOB_FUNCTION}(%s, %s, %s)"
             params += [self.model._meta.label, self.table, self.options.concurrency]
+            if wake is None:
+                sql += f", {skip}"
+            else:
+                # The wake rides in the same statement: django-q2's queue row for a
+                # worker to dispatch, unless a worker in flight will (the guard's skip).
+                queue, key, package = wake
+                sql = (
+                    f"WITH job AS ({sql}), g AS (SELECT {skip} AS skip), "
+                    f"q AS (INSERT INTO {self.qn(queue)} (key, payload, lock) "
+                    f"SELECT %s, %s, {self.now} FROM job, g WHERE NOT g.skip) "
+                    "SELECT job.*, g.skip FROM job, g"
+                )
+                params += [key, package]
         found = self._rows(sql, params)
         self.guarded = guard and bool(found) and bool(found[0][-1])
+        self.woke = guard and wake is not None and bool(found) and not self.guarded
         if guard:
             found = [row[:-1] for row in found]
         if returning is not None:
@@ -185,7 +208,7 @@ class JobTable:
         created = [self._instance(fields, row) for row in found]
         return sorted(created, key=lambda job: job.pk)
 
-    def _guards(self) -> bool:
+    def guards(self) -> bool:
         """Whether a one-row insert asks the wake guard (PostgreSQL, with the kinds'
         state on this database)."""
         return wake_guard.guarded(self.connection) and connection_for(KindState) is self.connection
@@ -193,7 +216,7 @@ class JobTable:
     def raise_wake_epoch(self) -> int | None:
         """Raise the kind's wake epoch; return the one enqueues relied on (None where
         no enqueue skips its dispatch: nothing to wait for)."""
-        if not self._guards():
+        if not self.guards():
             return None
         state_table = self.qn(KindState._meta.db_table)
         row = self._rows(

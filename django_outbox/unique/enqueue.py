@@ -20,6 +20,7 @@ from django.db import models
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
+from django_outbox import transport
 from django_outbox.conf import outbox_settings
 from django_outbox.db.base import concrete_field
 from django_outbox.db.unique import JobTable
@@ -29,7 +30,7 @@ from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, UNSTARTED, get_kind
 from django_outbox.oncommit import on_commit_once
-from django_outbox.unique.dispatch import dispatch_after_commit
+from django_outbox.unique.dispatch import RUN, dispatch_after_commit
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -65,8 +66,8 @@ def enqueue(
 
     def insert() -> UniqueJob | None:
         started = time.monotonic()
-        job = table.insert_pending(values, after)
-        if job is not None:
+        job = table.insert_pending(values, after, wake=_wake(table))
+        if job is not None and not table.woke:
             kick_after_commit(model, table.alias, guarded_since=_since(table, started))
         return job
 
@@ -136,12 +137,14 @@ def insert_many(
         groups.setdefault(tuple(field.name for field, _ in values), []).append(values)
     created: list[Any] = []
     started = time.monotonic()
+    one = len(groups) == 1 and len(next(iter(groups.values()))) == 1
+    wake = _wake(table) if one else None
     for group in groups.values():
         for start in range(0, len(group), MANY_ROWS):
             created += table.insert_pending_many(
-                group[start : start + MANY_ROWS], after, returning, common
+                group[start : start + MANY_ROWS], after, returning, common, wake
             )
-    if created:
+    if created and not (one and table.woke):
         # One row (the tasks backend's enqueue()) may have found the kind at its
         # concurrency under the wake guard; more rows always kick.
         since = _since(table, started) if len(created) == 1 else None
@@ -260,6 +263,17 @@ def kick_after_commit(
 
 def _since(table: JobTable, started: float) -> float | None:
     return started if table.guarded else None
+
+
+def _wake(table: JobTable) -> tuple[str, str, str] | None:
+    """The kind's wake, a django-q2 task that dispatches in a worker, for a one-row
+    insert to queue in its own statement (PostgreSQL, ORM broker on the kind's
+    database); None where the commit dispatches (or ``DISPATCH_ON_COMMIT = "thread"``
+    hands it to the dispatcher thread)."""
+    if outbox_settings().dispatch_on_commit == "thread" or not table.guards():
+        return None
+    job = transport.Job(RUN, (table.model._meta.label, []), table.options.cluster)
+    return transport.queue_row(job, table.alias)
 
 
 def _dispatch(label: str, guarded_since: list[float | None]) -> None:

@@ -55,7 +55,9 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "with `view_streamstate`); at least 16 characters",
     ("global", "DISPATCH_ON_COMMIT"): "who dispatches the unique jobs (and `django.tasks` "
     'tasks) a transaction enqueued, right after its commit: `"inline"`, the committing '
-    'thread (a dispatch transaction of its own, 1 to 2 ms of the request); `"thread"`, a '
+    "thread (a dispatch transaction of its own, 1 to 2 ms of the request; on PostgreSQL "
+    "with the ORM broker a one-job enqueue instead queues the kind's wake in its own "
+    'INSERT, and nothing runs after the commit); `"thread"`, a '
     "worker: the commit wakes a dispatcher thread of the process, which gathers kicks for "
     "10 ms and sends each kind one django-q2 task (`run_unique_jobs` with no jobs; none "
     "while the kind is at its concurrency) that dispatches in the worker taking it and runs "
