@@ -559,6 +559,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cluster-events", type=int, default=200_000, help="scale-out runs")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
+    parser.add_argument(
+        "--only-publish",
+        action="store_true",
+        help="only the publish overhead (a transaction without and with one event), printed",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
@@ -570,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
+    if args.only_publish:
+        print(json.dumps(publish_overhead(args.publish_transactions), indent=2))
+        return 0
 
     print(f"django_outbox benchmark on {platform.node()}, {os.cpu_count()} cores", flush=True)
     naive = run_naive(args.naive_events)

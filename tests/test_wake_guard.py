@@ -22,6 +22,7 @@ from django_outbox.db import buffer_ops
 from django_outbox.db.unique import JobTable
 from django_outbox.models import ArchivedEvent, JobState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.runs import set_paused
+from django_outbox.unique import enqueue
 from django_outbox.unique.dispatch import RUN, run_jobs
 from django_outbox.unique.execute import JobOutcome
 from tests.test_runs import SMALL
@@ -74,6 +75,15 @@ class Publisher(threading.Thread):
 
 
 @pytest.fixture
+def patient(monkeypatch) -> None:
+    """Bounds no loaded machine reaches: a publisher's transaction here may last as long
+    as the run it waits for takes to get there."""
+    monkeypatch.setattr(runs, "PUBLISHERS_WAIT_SECONDS", 2 * WAIT)
+    monkeypatch.setattr(runs, "LONG_TRANSACTION_SECONDS", WAIT)
+    monkeypatch.setattr(enqueue, "LONG_TRANSACTION_SECONDS", WAIT)
+
+
+@pytest.fixture
 def waiting_run(monkeypatch) -> Iterator[threading.Event]:
     """An event set once an ending run has found a publisher still in flight."""
     found = threading.Event()
@@ -90,7 +100,7 @@ def waiting_run(monkeypatch) -> Iterator[threading.Event]:
 
 
 @override_settings(**SMALL)
-def test_a_publish_while_a_run_is_in_flight_costs_its_insert_and_no_wake():
+def test_a_publish_while_a_run_is_in_flight_costs_its_insert_and_no_wake(patient):
     a_run_in_flight()
 
     with transport.capture() as jobs, CaptureQueriesContext(connection) as queries:
@@ -104,7 +114,9 @@ def test_a_publish_while_a_run_is_in_flight_costs_its_insert_and_no_wake():
 
 
 @override_settings(**SMALL)
-def test_an_ending_run_waits_for_a_publisher_that_relied_on_it_and_takes_its_row(waiting_run):
+def test_an_ending_run_waits_for_a_publisher_that_relied_on_it_and_takes_its_row(
+    waiting_run, patient
+):
     job = a_run_in_flight()
     publisher = Publisher(1, commit_when=lambda: waiting_run.wait(WAIT))
     publisher.start()
@@ -215,7 +227,7 @@ class Enqueuer(Publisher):
             connections.close_all()
 
 
-def test_an_enqueue_while_the_kind_is_at_its_concurrency_costs_its_insert_alone():
+def test_an_enqueue_while_the_kind_is_at_its_concurrency_costs_its_insert_alone(patient):
     kind_at_concurrency()
     with transport.capture():  # a worker's end makes the kind's state row
         assert run_jobs("uniqueapp.ThrottledJob", []) == []
@@ -230,7 +242,7 @@ def test_an_enqueue_while_the_kind_is_at_its_concurrency_costs_its_insert_alone(
     assert not jobs
 
 
-def test_a_worker_whose_chunks_end_waits_for_an_enqueue_that_relied_on_it(monkeypatch):
+def test_a_worker_whose_chunks_end_waits_for_an_enqueue_that_relied_on_it(monkeypatch, patient):
     first, second = kind_at_concurrency()
     with transport.capture():
         assert run_jobs("uniqueapp.ThrottledJob", []) == []  # the kind's state row
