@@ -141,6 +141,18 @@ DJANGO_OUTBOX: dict[str, Any] = {
     },
     "STAGING": {"ALLOWED_MODULES": ["tests.testapp.jobs"], "DRAIN_SECONDS": 20},
 }
+# The ordered stream (tests/test_ordering*.py): rows of one aggregate stay in order.
+ORDERED_STREAM: dict[str, Any] = {
+    "HANDLER": "tests.testapp.handlers.record_ordered",
+    "MODEL": "testapp.OrderedEvent",
+    "ORDER_KEY": "aggregate_id",
+    "BATCH_SIZE": 10,
+    "MAX_ATTEMPTS": 3,
+    "BACKOFF_SECONDS": 1,
+    "LEASE_SECONDS": 120,
+}
+if os.environ.get("OUTBOX_TEST_ORDERED"):  # the ordered process test's children
+    DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_STREAM
 
 LOGGING = {
     "version": 1,

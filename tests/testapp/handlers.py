@@ -129,3 +129,28 @@ def block_first_attempt(batch: Batch) -> None:
 def reject(batch: Batch) -> None:
     """A handler whose API refuses every batch for good."""
     raise PermanentFailure("the API rejected the batch: 422")
+
+
+def record_ordered(batch: Batch) -> BatchResult | None:
+    """Record the batch of the ordered stream; fail rows as the test asks.
+
+    Modes (the cache key): ``ok``; ``raise``; ``fail-key:<key>`` fails the first row of
+    that aggregate in the batch; ``poison`` raises for a batch holding a row with seq 0.
+    """
+    rows = batch.rows("id", "aggregate_id", "seq")
+    HandledCall.objects.create(
+        stream=batch.stream,
+        group_id=batch.group_id,
+        attempt=batch.attempt,
+        event_ids=[row["id"] for row in rows],
+    )
+    mode = cache.get(MODE_KEY, "ok")
+    if mode == "raise":
+        raise RuntimeError("handler exploded")
+    if mode.startswith("fail-key:"):
+        key = mode.split(":", 1)[1]
+        first = next((row["id"] for row in rows if row["aggregate_id"] == key), None)
+        return BatchResult({first: "rejected"}) if first is not None else None
+    if mode == "poison" and any(row["seq"] == 0 for row in rows):
+        raise PermanentFailure("the API rejected the batch: 422 (poison)")
+    return None
