@@ -151,8 +151,17 @@ ORDERED_STREAM: dict[str, Any] = {
     "BACKOFF_SECONDS": 1,
     "LEASE_SECONDS": 120,
 }
-if os.environ.get("OUTBOX_TEST_ORDERED"):  # the ordered process test's children
-    DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_STREAM
+# The ordered process test (tests/test_ordering_processes.py): random failures, killed
+# workers, on the crash test's cluster (short lease and timeout).
+ORDERED_CHAOS_STREAM: dict[str, Any] = {
+    **ORDERED_STREAM,
+    "HANDLER": "tests.testapp.handlers.ordered_chaos",
+    "BATCH_SIZE": 500,
+    "MAX_ATTEMPTS": 50,
+    "BACKOFF_MAX_SECONDS": 2,
+    "LEASE_SECONDS": 3,
+    "CLUSTER": "crash",
+}
 
 LOGGING = {
     "version": 1,
@@ -175,6 +184,7 @@ CRASH_STREAM = {
 CRASH_CLUSTER = {"timeout": 3, "retry": 5}
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
+    DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_CHAOS_STREAM
     Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}
 STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
 if os.environ.get("OUTBOX_TEST_CRASH"):
