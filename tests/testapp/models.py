@@ -57,12 +57,7 @@ class OrderedEvent(BufferEvent):
     class Meta(BufferEvent.Meta):
         indexes = [
             *BufferEvent.Meta.indexes,
-            # The two indexes an ordered claim asks (docs/how-to/ordered-streams.md).
-            models.Index(
-                fields=["aggregate_id"],
-                condition=models.Q(group_id__isnull=False),
-                name="ordered_key_grouped",
-            ),
+            # The index an ordered claim asks (docs/how-to/ordered-streams.md).
             models.Index(
                 fields=["aggregate_id", "id"],
                 condition=models.Q(group_id__isnull=True),
