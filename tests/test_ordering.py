@@ -9,6 +9,7 @@ serializes them).
 
 from __future__ import annotations
 
+import io
 import random
 import threading
 import time
@@ -16,6 +17,8 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
+from django.core.checks import run_checks
+from django.core.management import call_command
 from django.db import connections, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
@@ -29,6 +32,7 @@ from django_outbox.runs import claim_group
 from django_outbox.status import stream_status
 from django_outbox.steer import release_keys
 from tests.conftest import InlineRunner, unwoken
+from tests.docs_examples import ordered
 from tests.settings import DJANGO_OUTBOX, ORDERED_STREAM
 from tests.testapp.models import HandledCall, OrderedEvent
 
@@ -96,6 +100,11 @@ def handed() -> list[list[int]]:
     return list(
         HandledCall.objects.filter(stream=STREAM).order_by("id").values_list("event_ids", flat=True)
     )
+
+
+def test_the_guides_settings_pass_the_system_checks():
+    with override_settings(DJANGO_OUTBOX=ordered.DJANGO_OUTBOX):
+        assert [m.id for m in run_checks() if m.id and m.id.startswith("django_outbox")] == []
 
 
 # -- groups ---------------------------------------------------------------------------
@@ -235,6 +244,9 @@ def test_a_dead_letter_holds_its_key_until_an_operator_releases_it(handler_mode)
     assert claim() == {b1}
     assert list(HeldKey.objects.values_list("stream", "key")) == [(STREAM, "a")]
     assert stream_status(STREAM).held_keys == 1
+    report = io.StringIO()
+    call_command("outbox_status", stdout=report)
+    assert f"1 key(s) of {STREAM} are held by a dead letter" in report.getvalue()
     process(group_of(b1))
 
     runner = InlineRunner()

@@ -48,6 +48,7 @@ class Attachment(BufferEvent):
     content = models.BinaryField(null=True)
 
 
+# --8<-- [start:ordered_model]
 class OrderedEvent(BufferEvent):
     """The buffer of the ordered test stream: rows of one aggregate stay in order."""
 
@@ -64,3 +65,4 @@ class OrderedEvent(BufferEvent):
                 name="ordered_key_waiting",
             ),
         ]
+        # --8<-- [end:ordered_model]
