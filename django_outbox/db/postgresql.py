@@ -36,9 +36,8 @@ class PostgresBufferOps(BufferOps):
 
     def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
         update, params = super().ordered_claim_sql(floor)
-        return f"WITH claimed AS ({update} RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed", (
-            params
-        )
+        sql = f"WITH claimed AS ({update} RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed"
+        return sql, params
 
     def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:
         if self.ordered is not None and (lock := self.ordered.lock_statement()):
