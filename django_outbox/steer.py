@@ -68,7 +68,8 @@ def dead_letter(ids: Collection[Any], error: str) -> Steered:
 
     Each group in a transaction of its own. A plain group that was running is
     dead-lettered all the same (counted in :attr:`Steered.running`): its handler runs
-    on and may still deliver the rows, its finalize then finds the group gone.
+    on and may still deliver the rows, its finalize then finds the group gone. An
+    ordered stream whose dead letters let their keys go on is woken for their later rows.
     """
     dead_lettered = rows = kept = running = 0
     locked: list[uuid.UUID] = []
@@ -92,6 +93,8 @@ def dead_letter(ids: Collection[Any], error: str) -> Steered:
             continue
         dead_lettered, rows = dead_lettered + 1, rows + done
         running += group.state == GroupState.RUNNING and not config.transactional
+        if config.ordered and not config.holds_dead_keys:
+            wake(config.name)  # the keys it held go on: their waiting rows
     return Steered(
         dead_lettered=dead_lettered, rows=rows, kept=kept, running=running, locked=tuple(locked)
     )

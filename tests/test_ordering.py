@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 
-from django_outbox import transport
+from django_outbox import steer, transport
 from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.conf import get_stream
 from django_outbox.models import ArchivedEvent, GroupState, HeldKey, OutboxGroup, Outcome
@@ -263,6 +263,23 @@ def test_with_continue_a_dead_letter_lets_its_key_go_on(handler_mode):
 
     assert claim() == {a2}
     assert not HeldKey.objects.exists()
+
+
+@streams(ORDER_AFTER_DEAD_LETTER="continue")
+def test_dead_lettering_from_the_admin_wakes_the_keys_later_rows(handler_mode):
+    (a1,) = add("a")
+    claim()
+    handler_mode("raise")
+    assert process(group_of(a1)) is ProcessOutcome.RETRYING
+    handler_mode("ok")
+    (a2,) = add("a")
+
+    runner = InlineRunner()
+    with runner.capturing():
+        steer.dead_letter([group_of(a1).id], "dead-lettered from the admin")
+    runner.drain()
+
+    assert delivered() == {"a": [a2]}
 
 
 # -- the whole pipeline -----------------------------------------------------------------
