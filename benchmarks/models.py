@@ -74,3 +74,29 @@ class OrderEvent(BufferEvent):
 
     order_ref = models.IntegerField()
     amount = models.DecimalField(max_digits=10, decimal_places=2)
+
+
+class KeyedEvent(BufferEvent):
+    """A buffer whose rows carry an aggregate's key: the unordered side of
+    ``benchmarks.ordered`` (the stream ``keyed``)."""
+
+    aggregate = models.IntegerField()
+    body = models.CharField(max_length=100)
+
+
+class OrderedKeyedEvent(BufferEvent):
+    """The same rows for the ordered stream ``keyed_ordered`` (``ORDER_KEY``), with the
+    index an ordered claim asks (docs/how-to/ordered-streams.md)."""
+
+    aggregate = models.IntegerField()
+    body = models.CharField(max_length=100)
+
+    class Meta(BufferEvent.Meta):
+        indexes = [
+            *BufferEvent.Meta.indexes,
+            models.Index(
+                fields=["aggregate", "id"],
+                condition=models.Q(group_id__isnull=True),
+                name="bench_key_waiting",
+            ),
+        ]

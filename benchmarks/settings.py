@@ -75,6 +75,13 @@ DJANGO_OUTBOX = {
             "HANDLER": "benchmarks.tasks.serialize_orders",
             "MODEL": "benchmarks.OrderEvent",
         },
+        # Ordered streams (benchmarks.ordered): the same rows, unordered and ordered.
+        "keyed": {"HANDLER": "benchmarks.tasks.serialize_keyed", "MODEL": "benchmarks.KeyedEvent"},
+        "keyed_ordered": {
+            "HANDLER": "benchmarks.tasks.serialize_keyed",
+            "MODEL": "benchmarks.OrderedKeyedEvent",
+            "ORDER_KEY": "aggregate",
+        },
     },
     "STAGING": {"ALLOWED_MODULES": ["benchmarks.tasks"]},
 }

@@ -49,3 +49,10 @@ def serialize_orders(batch: Batch) -> None:
         [{"ref": r["id"], "order": r["order_ref"], "amount": str(r["amount"])} for r in rows]
     )
     assert len(rows) and body
+
+
+def serialize_keyed(batch: Batch) -> None:
+    """The ``keyed`` streams' handler: one bulk request body for the group."""
+    rows = batch.rows("id", "aggregate", "body")
+    body = json.dumps([{"ref": r["id"], "key": r["aggregate"], "body": r["body"]} for r in rows])
+    assert len(rows) and body

@@ -31,6 +31,7 @@ from django_outbox.db import connection_for, database_now
 from django_outbox.lease import last_line
 from django_outbox.models import (
     ArchivedEvent,
+    HeldKey,
     IdempotencyKey,
     OutboxEvent,
     OutboxGroup,
@@ -330,6 +331,35 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
                 f"attempt has ended: {', '.join(str(pk) for pk in done.locked[:10])}.",
                 messages.WARNING,
             )
+
+
+# -- held keys -------------------------------------------------------------------------
+
+
+@admin.register(HeldKey)
+class HeldKeyAdmin(ReadOnlyAdmin):
+    """Keys of ordered streams held back by a dead letter; releasing one lets its later
+    rows go on (replay the dead letter first if it must be delivered before them)."""
+
+    list_display = ("stream", "key", "held_at", "group_id", "short_error")
+    list_filter = (StreamFilter,)
+    search_fields = ("=key",)
+    ordering = ("-held_at",)
+    actions = ("release",)
+
+    has_operate_permission = _has("operate_heldkey")
+
+    @admin.display(description="error")
+    def short_error(self, held: HeldKey) -> str:
+        return last_line(held.error)[:120]
+
+    @admin.action(description="Release (the key's later rows go on)", permissions=["operate"])
+    def release(self, request: HttpRequest, queryset: QuerySet[HeldKey]) -> None:
+        by_stream: dict[str, list[str]] = {}
+        for stream, key in queryset.values_list("stream", "key"):
+            by_stream.setdefault(stream, []).append(key)
+        released = sum(steer.release_keys(stream, keys) for stream, keys in by_stream.items())
+        self.message_user(request, f"{released} key(s) released; their later rows go on.")
 
 
 # -- archive ---------------------------------------------------------------------------

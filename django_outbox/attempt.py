@@ -25,7 +25,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 
-from django_outbox import heartbeat, isolate
+from django_outbox import heartbeat, isolate, ordering
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
@@ -267,6 +267,9 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
     config = batch.config
     failures = result.failed if result else {}
     failed = {str(pk): clip(err) for pk, err in failures.items()}
+    # An ordered stream keeps, with each failed row, the later rows of its key.
+    behind = ordering.held_behind(config, batch.group_id, {int(pk) for pk in failures})
+    failed.update((str(pk), why) for pk, why in behind.items())
     table = group_leases(config)
     if not failed:
         if not table.fenced(batch.group_id, batch.attempt).delete()[0]:
@@ -426,6 +429,7 @@ def exhaust_group(
     try:
         with transaction.atomic(using=alias):
             _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
+            ordering.hold_keys(config, group_id, clip(error))
             rows = buffer_ops(config.model_class).archive_group(
                 group_id,
                 Move(config.name, Outcome.FAILED, attempt, clip(error), row_errors=row_errors),

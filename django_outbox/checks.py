@@ -113,6 +113,12 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             name, where, options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]), models_seen
         )
     )
+    if options.get("ORDER_KEY") is not None:
+        errors.extend(
+            _check_order_key(
+                where, options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]), options["ORDER_KEY"]
+            )
+        )
     merged = STREAM_OPTIONS.merged(options)
     errors.extend(
         errors_of(STREAM_OPTIONS.problems(options, lambda option: f"{where}['{option}']"))
@@ -287,6 +293,49 @@ def _check_model(
                     id="django_outbox.E022",
                 )
             ]
+    return []
+
+
+#: Buffer columns that cannot order a stream: each row has its own, or the engine's.
+_NOT_ORDER_KEYS = ("id", "group_id", "created_at")
+
+
+def _check_order_key(where: str, label: Any, key: Any) -> list[CheckMessage]:
+    """``ORDER_KEY`` names a column of the stream's own buffer model (E023)."""
+    try:
+        model = apps.get_model(label)
+    except (LookupError, ValueError, TypeError, AttributeError):
+        return []  # E020 reports the model
+    if not isinstance(model, type) or not issubclass(model, BufferEvent):
+        return []  # E021
+    hint = (
+        "Give the name of a field of the stream's buffer model whose value groups the rows "
+        "that must stay in order (an aggregate's id, say), and index it as "
+        "docs/how-to/ordered-streams.md shows."
+    )
+    if model is OutboxEvent:
+        return [
+            Error(
+                f"{where}['ORDER_KEY'] is set on a stream of the generic OutboxEvent buffer.",
+                hint="Ordered streams need a buffer model of their own with a key column: "
+                "subclass django_outbox.models.BufferEvent, add the field and name it here.",
+                id="django_outbox.E023",
+            )
+        ]
+    field = None
+    if isinstance(key, str):
+        try:
+            field = model._meta.get_field(key)
+        except Exception:
+            field = None
+    if field is None or getattr(field, "column", None) is None or key in _NOT_ORDER_KEYS:
+        return [
+            Error(
+                f"{where}['ORDER_KEY'] {key!r} is not a field of {model._meta.label}.",
+                hint=hint,
+                id="django_outbox.E023",
+            )
+        ]
     return []
 
 

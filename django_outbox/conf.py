@@ -84,6 +84,18 @@ STREAM_OPTIONS = OptionTable(
     Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
     Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
     Option("AUTO_HEARTBEAT", True, BOOL, "E031"),  # keep a long handler's lease alive
+    Option("ORDER_KEY", None),  # a column of the buffer model: check E023
+    Option(
+        "ORDER_AFTER_DEAD_LETTER",
+        "hold",
+        choice(
+            "hold",
+            "continue",
+            hint="'hold': a dead-lettered row's key waits for an operator to release it; "
+            "'continue': the key's later rows go on.",
+        ),
+        "E024",
+    ),
     Option(
         "ARCHIVE_RETENTION_DAYS",
         None,
@@ -191,6 +203,8 @@ class StreamConfig:
     isolate_failures: bool = True
     handoff_seconds: int = 30
     auto_heartbeat: bool = True
+    order_key: str | None = None
+    order_after_dead_letter: str = "hold"
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
@@ -207,6 +221,16 @@ class StreamConfig:
         """How long a worker waits mid-run for the database to answer again
         (:func:`outage_seconds` of the lease)."""
         return outage_seconds(self.lease_seconds)
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the rows of one ``ORDER_KEY`` value reach the handler in order."""
+        return self.order_key is not None
+
+    @property
+    def holds_dead_keys(self) -> bool:
+        """Whether a dead-lettered row holds back its key's later rows (ordered streams)."""
+        return self.ordered and self.order_after_dead_letter == "hold"
 
     @property
     def is_generic(self) -> bool:

@@ -17,6 +17,10 @@ half the size each (the lower ids and the upper ids), queued at once, each the o
   service is down), halving would only multiply the calls. A half that is delivered
   while its sibling waits for a retry splits that sibling at once.
 
+An ordered stream's group splits by keys, whole keys in each half, so the halves never
+hold rows of one key (:mod:`django_outbox.ordering`); a group of a single key does not
+split (its later rows could not be delivered before the poison row anyway).
+
 So one poison row in a group of n rows is cornered in about ``log2(n)`` rounds of two
 handler calls after the group's second failure (at once with ``PermanentFailure``); the
 healthy rows are archived as done as soon as their half succeeds, and the poison row,
@@ -36,7 +40,7 @@ from typing import Any
 
 from django.db.models.functions import Now
 
-from django_outbox import transport
+from django_outbox import ordering, transport
 from django_outbox.batch import queued_lease
 from django_outbox.conf import StreamConfig
 from django_outbox.models import GroupState, OutboxGroup
@@ -73,12 +77,20 @@ def split_group(
     attempts, and a row that keeps failing still runs out of them.
     """
     rows = config.model_class._default_manager.filter(group_id=group_id)
-    ids = list(rows.order_by("id").values_list("id", flat=True))
-    if len(ids) < 2:
-        return 0
     lower, upper = uuid.uuid4(), uuid.uuid4()
-    middle = len(ids) // 2
-    rows.filter(id__lte=ids[middle - 1]).update(group_id=lower)
+    if config.ordered:
+        # Whole keys in each half: the halves run in parallel (docs: ordered streams).
+        lower_ids, upper_ids = ordering.split_by_key(config, group_id)
+        if not lower_ids:
+            return 0
+        ordering.regroup(config, lower_ids, lower)
+        middle, total = len(lower_ids), len(lower_ids) + len(upper_ids)
+    else:
+        ids = list(rows.order_by("id").values_list("id", flat=True))
+        if len(ids) < 2:
+            return 0
+        middle, total = len(ids) // 2, len(ids)
+        rows.filter(id__lte=ids[middle - 1]).update(group_id=lower)
     rows.update(group_id=upper)
     OutboxGroup.objects.filter(id=group_id).delete()
     lease = Now() + queued_lease(config)
@@ -97,7 +109,7 @@ def split_group(
             )
             for half, sibling, size in (
                 (lower, upper, middle),
-                (upper, lower, len(ids) - middle),
+                (upper, lower, total - middle),
             )
         ]
     )
@@ -106,7 +118,7 @@ def split_group(
         [(config.name, str(lower)), (config.name, str(upper))],
         cluster=config.cluster,
     )
-    return len(ids)
+    return total
 
 
 def sibling_delivered(config: StreamConfig, sibling_id: uuid.UUID) -> bool:

@@ -62,6 +62,11 @@ class OutboxCollector:
             "Groups per stream split from a group that failed as a whole (failure isolation).",
             labels=["stream"],
         )
+        held = GaugeMetricFamily(
+            "django_outbox_held_keys",
+            "Keys of an ordered stream held back by a dead letter (bounded count).",
+            labels=["stream"],
+        )
         archived = GaugeMetricFamily(
             "django_outbox_archived_last_hour_rows",
             "Rows archived per stream and outcome over the last hour (bounded count).",
@@ -75,9 +80,10 @@ class OutboxCollector:
             for state in _GROUP_STATES:
                 groups.add_metric([stream, state], getattr(status, f"groups_{state}"))
             isolating.add_metric([stream], status.groups_isolating)
+            held.add_metric([stream], status.held_keys)
             archived.add_metric([stream, "done"], status.archived_last_hour)
             archived.add_metric([stream, "failed"], status.failed_last_hour)
-        yield from (backlog, lag, paused, groups, isolating, archived)
+        yield from (backlog, lag, paused, groups, isolating, held, archived)
         yield from self._staged()
         yield from self._unique_jobs()
         yield GaugeMetricFamily(

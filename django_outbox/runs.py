@@ -440,7 +440,9 @@ def run(
     full = True  # a queued group's size is not known here; a short claim ends the run
     while (claim := loop.next_group(full=full)) is not None and claim.group_id is not None:
         outcomes.append(run_attempt(config, claim.group_id, 1))
-        full = claim.full
+        # An ordered stream's short claim may have left keys that this group blocked:
+        # claim again, until a claim finds nothing (django_outbox.ordering).
+        full = claim.full or config.ordered
     return outcomes
 
 

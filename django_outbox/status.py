@@ -21,6 +21,7 @@ from django_outbox.models import (
     StreamState,
 )
 from django_outbox.models.unique import STAGES, all_kinds
+from django_outbox.ordering import held_keys
 from django_outbox.runs import effective_batch_size
 
 #: Counts stop here, so a status query never scans a huge table.
@@ -44,6 +45,7 @@ class StreamStatus:
     archived_last_hour: int
     failed_last_hour: int
     runs_in_flight: int
+    held_keys: int = 0  # keys of an ordered stream held back by a dead letter
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -87,6 +89,7 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         archived_last_hour=recent.filter(outcome=Outcome.DONE)[:cap].count(),
         failed_last_hour=recent.filter(outcome=Outcome.FAILED)[:cap].count(),
         runs_in_flight=runs_in_flight(stream),
+        held_keys=held_keys(stream, cap) if config.ordered else 0,
     )
 
 

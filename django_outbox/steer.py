@@ -1,4 +1,5 @@
-"""Steer groups by hand (the admin's actions): retry now, release a lease, dead-letter now.
+"""Steer groups by hand (the admin's actions): retry now, release a lease, dead-letter now;
+release the held keys of an ordered stream.
 
 None of them waits for a worker: a group whose row is locked is being finalized or runs
 a ``TRANSACTIONAL`` attempt (its handler's writes and the group commit together, the row
@@ -22,8 +23,9 @@ from django.db.models.functions import Now
 from django_outbox.attempt import exhaust_group
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for
-from django_outbox.models import GroupState, OutboxGroup
+from django_outbox.models import GroupState, HeldKey, OutboxGroup
 from django_outbox.rescue import requeue_due_groups
+from django_outbox.runs import wake
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ def dead_letter(ids: Collection[Any], error: str) -> Steered:
 
     Each group in a transaction of its own. A plain group that was running is
     dead-lettered all the same (counted in :attr:`Steered.running`): its handler runs
-    on and may still deliver the rows, its finalize then finds the group gone.
+    on and may still deliver the rows, its finalize then finds the group gone. An
+    ordered stream whose dead letters let their keys go on is woken for their later rows.
     """
     dead_lettered = rows = kept = running = 0
     locked: list[uuid.UUID] = []
@@ -90,6 +93,8 @@ def dead_letter(ids: Collection[Any], error: str) -> Steered:
             continue
         dead_lettered, rows = dead_lettered + 1, rows + done
         running += group.state == GroupState.RUNNING and not config.transactional
+        if config.ordered and not config.holds_dead_keys:
+            wake(config.name)  # the keys it held go on: their waiting rows
     return Steered(
         dead_lettered=dead_lettered, rows=rows, kept=kept, running=running, locked=tuple(locked)
     )
@@ -110,3 +115,16 @@ def _due_now(ids: Collection[Any], states: list[str], due_field: str) -> Steered
             again, spent = requeue_due_groups(config, ids=free)
             requeued, exhausted = requeued + again, exhausted + spent
     return Steered(chosen=len(free), requeued=requeued, exhausted=exhausted, locked=tuple(locked))
+
+
+def release_keys(stream: str, keys: Collection[str]) -> int:
+    """Release held keys of an ordered stream: their later rows go on. Returns how many.
+
+    The dead letters that held them stay in the archive (replay them first if they must
+    be delivered before the key's later rows: replayed rows get new ids, and are claimed
+    with the key's waiting rows in id order, so after those already waiting).
+    """
+    released, _ = HeldKey.objects.filter(stream=stream, key__in=list(keys)).delete()
+    if released:
+        wake(stream)
+    return released

@@ -141,6 +141,27 @@ DJANGO_OUTBOX: dict[str, Any] = {
     },
     "STAGING": {"ALLOWED_MODULES": ["tests.testapp.jobs"], "DRAIN_SECONDS": 20},
 }
+# The ordered stream (tests/test_ordering*.py): rows of one aggregate stay in order.
+ORDERED_STREAM: dict[str, Any] = {
+    "HANDLER": "tests.testapp.handlers.record_ordered",
+    "MODEL": "testapp.OrderedEvent",
+    "ORDER_KEY": "aggregate_id",
+    "BATCH_SIZE": 10,
+    "MAX_ATTEMPTS": 3,
+    "BACKOFF_SECONDS": 1,
+    "LEASE_SECONDS": 120,
+}
+# The ordered process test (tests/test_ordering_processes.py): random failures, killed
+# workers, on the crash test's cluster (short lease and timeout).
+ORDERED_CHAOS_STREAM: dict[str, Any] = {
+    **ORDERED_STREAM,
+    "HANDLER": "tests.testapp.handlers.ordered_chaos",
+    "BATCH_SIZE": 500,
+    "MAX_ATTEMPTS": 50,
+    "BACKOFF_MAX_SECONDS": 2,
+    "LEASE_SECONDS": 3,
+    "CLUSTER": "crash",
+}
 
 LOGGING = {
     "version": 1,
@@ -163,6 +184,7 @@ CRASH_STREAM = {
 CRASH_CLUSTER = {"timeout": 3, "retry": 5}
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
+    DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_CHAOS_STREAM
     Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}
 STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
 if os.environ.get("OUTBOX_TEST_CRASH"):

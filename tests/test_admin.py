@@ -25,6 +25,7 @@ from django_outbox.conf import get_stream
 from django_outbox.models import (
     ArchivedEvent,
     GroupState,
+    HeldKey,
     IdempotencyKey,
     OutboxEvent,
     OutboxGroup,
@@ -66,6 +67,7 @@ def data(handler_mode):
     with override_settings(DJANGO_OUTBOX=outbox), transaction.atomic():
         stage_task("tests.testapp.jobs.record", "later", run_after=timedelta(hours=1))
     IdempotencyKey.objects.create(scope="tests", key="k-1", result={"ok": True})
+    HeldKey.objects.create(stream="audit", key="order-7", error="gave up")
     blog = Blog.objects.create(name="Notes")
     RebuildBlogFeed.enqueue(blog=blog)
     OrmQ.objects.all().delete()  # its dispatch queued a task; the tests count their own
@@ -102,6 +104,7 @@ def test_every_admin_page_renders_for_a_superuser(admin_client, data):
         "django_outbox.StagedJob",
         "django_outbox.IdempotencyKey",
         "django_outbox.StreamState",
+        "django_outbox.HeldKey",
         "blogs.RebuildBlogFeed",  # a unique-job kind
     }
 
@@ -395,6 +398,14 @@ def test_replay_publishes_dead_letters_once(admin_client, data):
     assert OutboxEvent.objects.order_by("-id").first().payload == {"n": 999}
 
 
+def test_release_lets_a_held_key_go_on(admin_client, data):
+    held = HeldKey.objects.get()
+
+    act(admin_client, "heldkey", "release", [held.pk])
+
+    assert not HeldKey.objects.exists()
+
+
 def test_forward_now_hands_a_delayed_staged_job_to_django_q2(admin_client, data):
     job = StagedJob.objects.get()
 
@@ -496,6 +507,7 @@ def test_a_view_only_user_sees_every_page(viewer_client, data):
         ("outboxgroup", "dead_letter"),
         ("archivedevent", "replay"),
         ("stagedjob", "forward_now"),
+        ("heldkey", "release"),
     ],
 )
 def test_a_view_only_user_cannot_run_any_action(viewer_client, data, model, action):
@@ -508,6 +520,7 @@ def test_a_view_only_user_cannot_run_any_action(viewer_client, data, model, acti
         "outboxgroup": list(OutboxGroup.objects.values_list("pk", flat=True)),
         "archivedevent": list(ArchivedEvent.objects.values_list("pk", flat=True)),
         "stagedjob": list(StagedJob.objects.values_list("pk", flat=True)),
+        "heldkey": list(HeldKey.objects.values_list("pk", flat=True)),
     }[model]
 
     viewer_client.post(
@@ -526,6 +539,7 @@ def snapshot() -> tuple:
         OutboxEvent.objects.count(),
         StagedJob.objects.count(),
         OrmQ.objects.count(),
+        HeldKey.objects.count(),
     )
 
 

@@ -30,7 +30,7 @@ KNOWN_OPTIONS = (
     "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
     "AUTO_HEARTBEAT, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CHAINS, CLUSTER, "
     "EVERY_MINUTES, HANDLER, HANDOFF_SECONDS, ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, "
-    "MODEL, ON_EXHAUSTED, TRANSACTIONAL."
+    "MODEL, ON_EXHAUSTED, ORDER_AFTER_DEAD_LETTER, ORDER_KEY, TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -302,6 +302,52 @@ def test_custom_model_bound_to_two_streams_is_e022():
                 "'marketing-copy'.",
                 "A custom buffer model belongs to one stream; give the other stream its own "
                 "model or use the generic django_outbox.OutboxEvent.",
+            )
+        ]
+
+
+ORDER_KEY_HINT = (
+    "Give the name of a field of the stream's buffer model whose value groups the rows that "
+    "must stay in order (an aggregate's id, say), and index it as "
+    "docs/how-to/ordered-streams.md shows."
+)
+
+
+@pytest.mark.parametrize("key", ["nope", "group_id", "id", 7])
+def test_order_key_that_is_not_a_field_of_the_buffer_model_is_e023(key):
+    with override_settings(DJANGO_OUTBOX=one_stream(MODEL="testapp.OrderedEvent", ORDER_KEY=key)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E023",
+                f"{WHERE}['ORDER_KEY'] {key!r} is not a field of testapp.OrderedEvent.",
+                ORDER_KEY_HINT,
+            )
+        ]
+
+
+def test_order_key_on_the_generic_buffer_is_e023():
+    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY="payload")):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E023",
+                f"{WHERE}['ORDER_KEY'] is set on a stream of the generic OutboxEvent buffer.",
+                "Ordered streams need a buffer model of their own with a key column: subclass "
+                "django_outbox.models.BufferEvent, add the field and name it here.",
+            )
+        ]
+
+
+def test_an_order_key_naming_a_field_passes_and_the_policy_is_e024():
+    ordered = {"MODEL": "testapp.OrderedEvent", "ORDER_KEY": "aggregate_id"}
+    with override_settings(DJANGO_OUTBOX=one_stream(**ordered)):
+        assert outbox_messages() == []
+    with override_settings(DJANGO_OUTBOX=one_stream(**ordered, ORDER_AFTER_DEAD_LETTER="skip")):
+        assert outbox_messages() == [
+            (
+                "django_outbox.E024",
+                f"{WHERE}['ORDER_AFTER_DEAD_LETTER'] must be 'hold' or 'continue', not 'skip'.",
+                "'hold': a dead-lettered row's key waits for an operator to release it; "
+                "'continue': the key's later rows go on.",
             )
         ]
 

@@ -104,6 +104,7 @@ def test_status_json_is_machine_readable():
         "archived_last_hour": 0,
         "failed_last_hour": 0,
         "runs_in_flight": 0,
+        "held_keys": 0,
     }
     assert data[0]["paused"] is True
     assert data[0]["backlog"] == 0

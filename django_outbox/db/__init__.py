@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_outbox.db.base import BufferOps
 from django_outbox.db.dialect import Dialect, dialect_of
+from django_outbox.db.ordered import OrderedSQL
 from django_outbox.db.postgresql import PostgresBufferOps
 from django_outbox.db.sqlite import SQLiteBufferOps
 
@@ -48,8 +49,12 @@ def buffer_ops(model: type[Model], stream: str | None = None) -> BufferOps:
 
 
 def stream_buffer(config: StreamConfig) -> BufferOps:
-    """The buffer operations of a stream: its model, filtered to it in the shared buffer."""
-    return buffer_ops(config.model_class, config.name if config.is_generic else None)
+    """The buffer operations of a stream: its model, filtered to it in the shared buffer;
+    an ordered stream's claim keeps each key's rows in order (:mod:`django_outbox.db.ordered`)."""
+    ops = buffer_ops(config.model_class, config.name if config.is_generic else None)
+    if config.order_key is not None:
+        ops.ordered = OrderedSQL(ops, config.name, config.order_key)
+    return ops
 
 
 __all__ = [

@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -14,6 +14,9 @@ from django.db.models import Field, Model
 
 from django_outbox.db.dialect import dialect_of
 from django_outbox.models import ArchivedEvent
+
+if TYPE_CHECKING:
+    from django_outbox.db.ordered import OrderedSQL
 
 
 def concrete_field(model: type[Model], name: str) -> Field[Any, Any]:
@@ -79,6 +82,11 @@ class BufferOps:
     #: over all of them. SQLite removes the entry with the row.
     keeps_claim_floor = False
 
+    #: The ordered statements of an ordered stream (``ORDER_KEY``), set by
+    #: :func:`django_outbox.db.stream_buffer`; None: the claim takes rows in id order
+    #: with no regard to keys.
+    ordered: OrderedSQL | None = None
+
     def claim_sql(self, floor: int = 0) -> tuple[str, list[Any]]:
         """The single statement that stamps up to n unclaimed rows with a group.
 
@@ -90,12 +98,21 @@ class BufferOps:
         group id, the returned ones, and the limit. *floor* is used where
         :attr:`keeps_claim_floor`.
         """
+        if self.ordered is not None:
+            return self.ordered_claim_sql(floor)
         where, params = self.stream_clause()
         order = "stream, id" if self.stream is not None else "id"
         pick = self.dialect.id_pick(
             f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} "
             f"ORDER BY {order} LIMIT %s{self.dialect.skip_locked}"
         )
+        return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
+
+    def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
+        """:meth:`claim_sql` of an ordered stream (:meth:`OrderedSQL.pick`)."""
+        assert self.ordered is not None
+        pick = self.ordered.pick()
+        params = self.ordered.pick_params(floor, 0)[:-1]  # the limit comes last
         return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
 
     def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:

@@ -25,6 +25,8 @@ class PostgresBufferOps(BufferOps):
         return "stream, id" if self.stream is not None else "id"
 
     def claim_sql(self, floor: int = 0) -> tuple[str, list[Any]]:
+        if self.ordered is not None:
+            return self.ordered_claim_sql(floor)
         where, params = self.stream_clause()
         pick = self.dialect.id_pick(
             f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} AND id > %s "
@@ -48,7 +50,14 @@ class PostgresBufferOps(BufferOps):
         assert row is not None
         return int(row[0]), bool(row[1])
 
+    def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
+        update, params = super().ordered_claim_sql(floor)
+        sql = f"WITH claimed AS ({update} RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed"
+        return sql, params
+
     def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:
+        if self.ordered is not None and (lock := self.ordered.lock_statement()):
+            self.execute(*lock)  # a statement of its own: the claim's snapshot follows it
         sql, where_params = self.claim_sql(floor)
         row = self.fetchone(sql, [self.group_param(group_id), *where_params, limit])
         assert row is not None

@@ -3,6 +3,7 @@
 from django_outbox.models.archive import ArchivedEvent, Outcome
 from django_outbox.models.buffer import BufferEvent, OutboxEvent
 from django_outbox.models.groups import GroupState, OutboxGroup
+from django_outbox.models.held import HeldKey
 from django_outbox.models.keys import IdempotencyKey
 from django_outbox.models.staged import StagedJob
 from django_outbox.models.state import KindState, StreamState
@@ -12,6 +13,7 @@ __all__ = [
     "ArchivedEvent",
     "BufferEvent",
     "GroupState",
+    "HeldKey",
     "IdempotencyKey",
     "JobState",
     "KindState",

@@ -98,6 +98,12 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "rows become dead letters",
     ("stream", "ISOLATE_FAILURES"): "split a group that fails as a whole in halves until the "
     "bad row is alone ([failure isolation](how-to/failures-and-dead-letters.md))",
+    ("stream", "ORDER_KEY"): "a field of the stream's buffer model: rows with the same value "
+    "reach the handler in id order, never overtaking each other; `None`: no order "
+    "([ordered streams](how-to/ordered-streams.md))",
+    ("stream", "ORDER_AFTER_DEAD_LETTER"): '`"hold"`: a dead-lettered row holds back its '
+    "key's later rows until an operator releases the key (admin, *held keys*); "
+    '`"continue"`: they go on',
     ("stream", "AUTO_HEARTBEAT"): "extend a running group's lease every `LEASE_SECONDS / 3` "
     "from a thread of the worker while its handler runs",
     ("stream", "ARCHIVE_RETENTION_DAYS"): "this stream's own retention of archived `done` "
@@ -204,6 +210,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stream", "HANDLER"): ("E010", "E011", "E012"),
     ("stream", "MODEL"): ("E020", "E021", "E022"),
     ("stream", "ON_EXHAUSTED"): ("E013", "E014"),
+    ("stream", "ORDER_KEY"): ("E023",),
     ("stream", "BACKOFF_MAX_SECONDS"): ("E033",),
     ("stream", "CLUSTER"): ("W002", "E041"),
     ("stream", "LEASE_SECONDS"): ("E042",),
@@ -296,6 +303,8 @@ CHECK_DOCS: dict[str, str] = {
     "E020": "`MODEL` is not an installed model",
     "E021": "`MODEL` is not a `BufferEvent` subclass",
     "E022": "a custom buffer model is bound to two streams",
+    "E023": "`ORDER_KEY` is not a field of the stream's own buffer model",
+    "E024": '`ORDER_AFTER_DEAD_LETTER` is not `"hold"` or `"continue"`',
     "E030": "a stream's size or duration option is not a positive integer",
     "E031": "`ARCHIVE`, `TRANSACTIONAL`, `ISOLATE_FAILURES` or `AUTO_HEARTBEAT` is not a boolean",
     "E032": "a stream's `CLUSTER` is not a name or `None`",

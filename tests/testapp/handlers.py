@@ -129,3 +129,63 @@ def block_first_attempt(batch: Batch) -> None:
 def reject(batch: Batch) -> None:
     """A handler whose API refuses every batch for good."""
     raise PermanentFailure("the API rejected the batch: 422")
+
+
+def record_ordered(batch: Batch) -> BatchResult | None:
+    """Record the batch of the ordered stream; fail rows as the test asks.
+
+    Modes (the cache key): ``ok``; ``raise``; ``fail-key:<key>`` fails the first row of
+    that aggregate in the batch; ``poison`` raises for a batch holding a row with seq 0.
+    """
+    rows = batch.rows("id", "aggregate_id", "seq")
+    HandledCall.objects.create(
+        stream=batch.stream,
+        group_id=batch.group_id,
+        attempt=batch.attempt,
+        event_ids=[row["id"] for row in rows],
+    )
+    mode = cache.get(MODE_KEY, "ok")
+    if mode == "raise":
+        raise RuntimeError("handler exploded")
+    if mode.startswith("fail-key:"):
+        key = mode.split(":", 1)[1]
+        first = next((row["id"] for row in rows if row["aggregate_id"] == key), None)
+        return BatchResult({first: "rejected"}) if first is not None else None
+    if mode == "poison" and any(row["seq"] == 0 for row in rows):
+        raise PermanentFailure("the API rejected the batch: 422 (poison)")
+    return None
+
+
+def ordered_chaos(batch: Batch) -> BatchResult | None:
+    """The ordered process test's handler: it fails at random, and can be killed.
+
+    Records each call; on its first attempts a group fails as a whole one time in six,
+    or one row of a random key in it fails one time in six. While it runs, a file named
+    after the worker's pid exists in ``OUTBOX_TEST_BUSY_DIR`` (the test kills workers
+    found there).
+    """
+    import random
+
+    rows = batch.rows("id", "aggregate_id")
+    HandledCall.objects.create(
+        stream=batch.stream,
+        group_id=batch.group_id,
+        attempt=batch.attempt,
+        event_ids=[row["id"] for row in rows],
+    )
+    marker = Path(os.environ["OUTBOX_TEST_BUSY_DIR"]) / str(os.getpid())
+    marker.write_text(str(batch.group_id))
+    try:
+        time.sleep(0.1)  # a remote call's time, for a kill to land in
+    finally:
+        marker.unlink(missing_ok=True)
+    if batch.attempt > 3:
+        return None
+    dice = random.random()
+    if dice < 1 / 6:
+        raise RuntimeError("the service is unavailable (503)")
+    if dice < 2 / 6:
+        key = random.choice(rows)["aggregate_id"]
+        first = next(row["id"] for row in rows if row["aggregate_id"] == key)
+        return BatchResult({first: "rejected (409)"})
+    return None

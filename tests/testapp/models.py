@@ -46,3 +46,23 @@ class Attachment(BufferEvent):
 
     title = models.CharField(max_length=100, db_column="owner's title")
     content = models.BinaryField(null=True)
+
+
+# --8<-- [start:ordered_model]
+class OrderedEvent(BufferEvent):
+    """The buffer of the ordered test stream: rows of one aggregate stay in order."""
+
+    aggregate_id = models.CharField(max_length=40, null=True)  # noqa: DJ001 (NULL: unordered)
+    seq = models.PositiveIntegerField(default=0)
+
+    class Meta(BufferEvent.Meta):
+        indexes = [
+            *BufferEvent.Meta.indexes,
+            # The index an ordered claim asks (docs/how-to/ordered-streams.md).
+            models.Index(
+                fields=["aggregate_id", "id"],
+                condition=models.Q(group_id__isnull=True),
+                name="ordered_key_waiting",
+            ),
+        ]
+        # --8<-- [end:ordered_model]

@@ -43,6 +43,11 @@ class Command(BaseCommand):
                     "that failed as a whole, to isolate the failing rows (admin: groups, "
                     "split depth)."
                 )
+            if s.held_keys:
+                self.stdout.write(
+                    f"  {s.held_keys:,} key(s) of {s.stream} are held by a dead letter: their "
+                    "later rows wait (admin: held keys, release)."
+                )
             if s.groups_dead_lettering:
                 self.stdout.write(
                     f"  {s.groups_dead_lettering} group(s) of {s.stream} could not be "

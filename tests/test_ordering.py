@@ -1,0 +1,386 @@
+"""Ordered streams: the rows of one key reach the handler in id order, whatever happens.
+
+Each test builds one way a later row of a key could overtake an earlier one (a second
+group, a parallel run, a retry, a partial failure, a split, a rescue, a dead letter) and
+checks that it does not; without ``ORDER_KEY`` each of them fails. They run on both
+tiers; the concurrent claims of parallel runs need PostgreSQL (SQLite's write lock
+serializes them).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import threading
+import time
+from collections import defaultdict
+from datetime import timedelta
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.db.models.functions import Now
+from django.test import override_settings
+
+from django_outbox import steer, transport
+from django_outbox.attempt import ProcessOutcome, process_group
+from django_outbox.conf import get_stream
+from django_outbox.models import ArchivedEvent, GroupState, HeldKey, OutboxGroup, Outcome
+from django_outbox.rescue import requeue_due_groups
+from django_outbox.runs import claim_group
+from django_outbox.status import stream_status
+from django_outbox.steer import release_keys
+from tests.conftest import InlineRunner, unwoken
+from tests.docs_examples import ordered
+from tests.settings import DJANGO_OUTBOX, ORDERED_STREAM
+from tests.testapp.models import HandledCall, OrderedEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STREAM = "ordered"
+
+
+def streams(**options: object) -> override_settings:
+    """The test settings with the ordered stream's *options* changed."""
+    return override_settings(
+        DJANGO_OUTBOX={
+            **DJANGO_OUTBOX,
+            "STREAMS": {**DJANGO_OUTBOX["STREAMS"], STREAM: {**ORDERED_STREAM, **options}},
+        }
+    )
+
+
+@pytest.fixture(autouse=True)
+def _ordered_stream():
+    with streams():
+        yield
+
+
+def add(*keys: str | None) -> list[int]:
+    """Commit one row per key, in this order, without waking the stream; their ids."""
+    with unwoken():
+        rows = [OrderedEvent.objects.create(aggregate_id=key) for key in keys]
+    return [row.id for row in rows]
+
+
+def claim() -> set[int]:
+    """Claim a group (its run job kept out of django-q2); the ids it took."""
+    with transport.capture():
+        result = claim_group(STREAM)
+    if result.group_id is None:
+        return set()
+    return set(OrderedEvent.objects.filter(group_id=result.group_id).values_list("id", flat=True))
+
+
+def group_of(row_id: int) -> OutboxGroup:
+    return OutboxGroup.objects.get(id=OrderedEvent.objects.get(id=row_id).group_id)
+
+
+def process(group: OutboxGroup) -> ProcessOutcome:
+    with transport.capture():
+        return process_group(STREAM, group.id)
+
+
+def delivered() -> dict[str, list[int]]:
+    """Each key's rows archived as done, in the order they were archived."""
+    keys = dict(ArchivedEvent.objects.filter(stream=STREAM).values_list("event_id", "data"))
+    found: dict[str, list[int]] = defaultdict(list)
+    for event_id in (
+        ArchivedEvent.objects.filter(stream=STREAM, outcome=Outcome.DONE)
+        .order_by("id")
+        .values_list("event_id", flat=True)
+    ):
+        found[keys[event_id]["aggregate_id"]].append(event_id)
+    return dict(found)
+
+
+def handed() -> list[list[int]]:
+    """The rows of each handler call, in call order."""
+    return list(
+        HandledCall.objects.filter(stream=STREAM).order_by("id").values_list("event_ids", flat=True)
+    )
+
+
+def test_the_guides_settings_pass_the_system_checks():
+    with override_settings(DJANGO_OUTBOX=ordered.DJANGO_OUTBOX):
+        assert [m.id for m in run_checks() if m.id and m.id.startswith("django_outbox")] == []
+
+
+# -- groups ---------------------------------------------------------------------------
+
+
+def test_a_key_with_a_group_in_flight_is_not_claimed_again():
+    a1, a2, b1 = add("a", "a", "b")
+    assert claim() == {a1, a2, b1}
+
+    _, c1, _, none = add("a", "c", "b", None)
+
+    assert claim() == {c1, none}  # a and b wait for their group; a NULL key is not ordered
+
+
+def test_a_claim_takes_a_prefix_of_each_key_and_the_rest_waits():
+    ids = add(*"aaaaaaaaaaaa")  # twelve rows of one key, batch size 10
+    assert claim() == set(ids[:10])
+    assert claim() == set()
+    process(group_of(ids[0]))
+
+    assert claim() == set(ids[10:])
+
+
+# -- retries, partial failures --------------------------------------------------------
+
+
+def test_a_key_whose_group_waits_for_a_retry_holds_its_later_rows(handler_mode):
+    a1, b1 = add("a", "b")
+    claim()
+    handler_mode("raise")
+    assert process(group_of(a1)) is ProcessOutcome.RETRYING
+    a2, b2, c1 = add("a", "b", "c")
+
+    assert claim() == {c1}
+
+    handler_mode("ok")
+    OutboxGroup.objects.filter(state=GroupState.RETRYING).update(next_attempt_at=Now())
+    runner = InlineRunner()
+    with runner.capturing():
+        requeue_due_groups(get_stream(STREAM))
+    runner.drain()
+    assert delivered()["a"] == [a1, a2] and delivered()["b"] == [b1, b2]
+
+
+def test_a_failed_row_keeps_the_later_rows_of_its_key_in_its_group(handler_mode):
+    a1, b1, a2, b2, a3 = add("a", "b", "a", "b", "a")
+    claim()
+    handler_mode("fail-key:a")
+
+    assert process(group_of(a1)) is ProcessOutcome.PARTIAL
+
+    assert set(OrderedEvent.objects.values_list("id", flat=True)) == {a1, a2, a3}
+    assert delivered() == {"b": [b1, b2]}
+    group = group_of(a1)
+    assert group.row_errors[str(a2)] == f"held behind row {a1} of its key"
+
+
+# -- splits -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keys", ["aabbccdd", "abcdabcd", "aaaaaabc"])
+def test_failure_isolation_splits_a_group_by_keys(handler_mode, keys):
+    ids = add(*keys)
+    claim()
+    handler_mode("raise")
+    process(group_of(ids[0]))
+    OutboxGroup.objects.update(next_attempt_at=Now())
+    with transport.capture():
+        requeue_due_groups(get_stream(STREAM))
+    assert process(group_of(ids[0])) is ProcessOutcome.SPLIT  # the second failure in a row
+
+    halves = OutboxGroup.objects.all()
+    assert len(halves) == 2
+    key_sets = [
+        set(OrderedEvent.objects.filter(group_id=half.id).values_list("aggregate_id", flat=True))
+        for half in halves
+    ]
+    assert not key_sets[0] & key_sets[1]
+    assert sorted(half.size for half in halves) != [0, len(ids)]
+
+
+def test_a_group_of_one_key_does_not_split(handler_mode):
+    ids = add(*"aaaa")
+    claim()
+    handler_mode("raise")
+    process(group_of(ids[0]))
+    OutboxGroup.objects.update(next_attempt_at=Now())
+    with transport.capture():
+        requeue_due_groups(get_stream(STREAM))
+
+    assert process(group_of(ids[0])) is ProcessOutcome.RETRYING
+    assert OutboxGroup.objects.count() == 1
+
+
+# -- rescues ----------------------------------------------------------------------------
+
+
+def test_a_crashed_workers_group_holds_its_keys_until_it_is_rescued_and_delivered():
+    a1, _ = add("a", "b")
+    claim()
+    group = group_of(a1)
+    # Its worker took the lease and died: the lease runs out.
+    OutboxGroup.objects.filter(id=group.id).update(
+        state=GroupState.RUNNING, attempt=1, lease_expires_at=Now() - timedelta(seconds=1)
+    )
+    a2, c1 = add("a", "c")
+
+    assert claim() == {c1}
+
+    runner = InlineRunner()
+    with runner.capturing():
+        assert requeue_due_groups(get_stream(STREAM)) == (1, 0)
+    runner.drain()
+    assert delivered()["a"] == [a1, a2]
+
+
+# -- dead letters -----------------------------------------------------------------------
+
+
+def exhaust_key_a(handler_mode) -> tuple[int, int]:
+    """Dead-letter a group holding key a; add a later row of it. Their ids."""
+    (a1,) = add("a")
+    claim()
+    handler_mode("raise")
+    group = group_of(a1)
+    OutboxGroup.objects.filter(id=group.id).update(attempt=2)  # its last attempt next
+    assert process(group) is ProcessOutcome.EXHAUSTED
+    handler_mode("ok")
+    (a2,) = add("a")
+    return a1, a2
+
+
+def test_a_dead_letter_holds_its_key_until_an_operator_releases_it(handler_mode):
+    a1, a2 = exhaust_key_a(handler_mode)
+    (b1,) = add("b")
+
+    assert claim() == {b1}
+    assert list(HeldKey.objects.values_list("stream", "key")) == [(STREAM, "a")]
+    assert stream_status(STREAM).held_keys == 1
+    report = io.StringIO()
+    call_command("outbox_status", stdout=report)
+    assert f"1 key(s) of {STREAM} are held by a dead letter" in report.getvalue()
+    process(group_of(b1))
+
+    runner = InlineRunner()
+    with runner.capturing():
+        assert release_keys(STREAM, ["a"]) == 1  # wakes the stream
+    runner.drain()
+    assert delivered()["a"] == [a2]
+    assert ArchivedEvent.objects.get(event_id=a1).outcome == Outcome.FAILED
+
+
+@streams(ORDER_AFTER_DEAD_LETTER="continue")
+def test_with_continue_a_dead_letter_lets_its_key_go_on(handler_mode):
+    _, a2 = exhaust_key_a(handler_mode)
+
+    assert claim() == {a2}
+    assert not HeldKey.objects.exists()
+
+
+@streams(ORDER_AFTER_DEAD_LETTER="continue")
+def test_dead_lettering_from_the_admin_wakes_the_keys_later_rows(handler_mode):
+    (a1,) = add("a")
+    claim()
+    handler_mode("raise")
+    assert process(group_of(a1)) is ProcessOutcome.RETRYING
+    handler_mode("ok")
+    (a2,) = add("a")
+
+    runner = InlineRunner()
+    with runner.capturing():
+        steer.dead_letter([group_of(a1).id], "dead-lettered from the admin")
+    runner.drain()
+
+    assert delivered() == {"a": [a2]}
+
+
+# -- the whole pipeline -----------------------------------------------------------------
+
+
+def test_many_keys_through_failures_retries_splits_and_rescues_stay_in_order(handler_mode):
+    """Random keys, random failures, rescued leases: each key's deliveries in id order."""
+    rng = random.Random(29)
+    keys = [f"k{n}" for n in range(8)]
+    expected: dict[str, list[int]] = defaultdict(list)
+    runner = InlineRunner()
+    for round_ in range(12):
+        batch = [rng.choice(keys) for _ in range(rng.randint(1, 15))]
+        for key, row_id in zip(batch, add(*batch), strict=True):
+            expected[key].append(row_id)
+        handler_mode(rng.choice(["ok", "ok", "raise", f"fail-key:{rng.choice(keys)}"]))
+        with runner.capturing():
+            claim_group(STREAM)
+        if round_ % 4 == 3:  # a worker dies holding a group
+            OutboxGroup.objects.filter(state=GroupState.CLAIMED).update(
+                lease_expires_at=Now() - timedelta(seconds=1)
+            )
+        runner.drain()
+        OutboxGroup.objects.filter(state=GroupState.RETRYING).update(next_attempt_at=Now())
+        runner.distribute(STREAM)
+    handler_mode("ok")
+    for _ in range(30):
+        if not OrderedEvent.objects.exists():
+            break
+        OutboxGroup.objects.filter(state=GroupState.RETRYING).update(next_attempt_at=Now())
+        OutboxGroup.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
+        runner.distribute(STREAM)
+        runner.drain()
+    for key in list(HeldKey.objects.values_list("key", flat=True)):
+        with runner.capturing():
+            release_keys(STREAM, [key])
+        runner.drain()
+
+    failed = set(
+        ArchivedEvent.objects.filter(outcome=Outcome.FAILED).values_list("event_id", flat=True)
+    )
+    assert not OrderedEvent.objects.exists()
+    assert delivered() == {
+        key: [i for i in ids if i not in failed]
+        for key, ids in expected.items()
+        if any(i not in failed for i in ids)
+    }
+    # Every handler call saw each key's rows in id order, and never a key's row before
+    # an earlier one of the key that had not been delivered yet.
+    for call in handed():
+        assert call == sorted(call)
+
+
+# -- parallel runs (PostgreSQL: concurrent claims) --------------------------------------
+
+
+def waiting_for_a_lock() -> bool:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.postgres
+def test_a_claim_concurrent_with_another_does_not_skip_its_rows_to_take_later_ones():
+    """The first claim holds its rows, uncommitted; a parallel run's claim must not step
+    over them (SKIP LOCKED) to take the key's later rows."""
+    ids = add(*"aaaaaaaaaaaa")  # twelve rows, batch size 10
+    first_claimed, release = threading.Event(), threading.Event()
+    taken: list[set[int]] = []
+    second: list[set[int]] = []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                taken.append(claim())  # held, uncommitted, until the test says so
+                first_claimed.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    def other() -> None:
+        try:
+            second.append(claim())
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert first_claimed.wait(30)
+    parallel = threading.Thread(target=other)
+    parallel.start()
+    deadline = time.monotonic() + 30
+    while parallel.is_alive() and not waiting_for_a_lock():  # it waits, or it is done
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    release.set()  # the first claim commits; a waiting second claim goes on
+    holder.join(30)
+    parallel.join(30)
+
+    assert taken == [set(ids[:10])]
+    assert second == [set()]
