@@ -25,6 +25,7 @@ from django_outbox.operations import PartitionArchive
 from django_outbox.partitions import archive_partitioning
 from django_outbox.prune import prune_all
 from django_outbox.replay import replay_failed
+from tests.docs_examples.partition_archive import Migration
 
 TABLE = ArchivedEvent._meta.db_table
 
@@ -66,7 +67,10 @@ def state():
 
 
 def apply(editor, *, forwards: bool, interval: str = "1 day") -> None:
-    operation = PartitionArchive(interval=interval)
+    """Apply the documented migration's operation (another interval: one like it)."""
+    [operation] = Migration.operations
+    if interval != operation.interval:
+        operation = PartitionArchive(interval=interval)
     project = state()
     if forwards:
         operation.database_forwards("app", editor, project, project)
