@@ -13,6 +13,7 @@ with an activated venv can do the same without dev.py (CONTRIBUTING.md)::
     python3 dev.py bench soak ...   # the same with benchmarks.soak, on a server with autovacuum
     python3 dev.py bench ordered ... # the same with benchmarks.ordered (ORDER_KEY against none)
     python3 dev.py bench tasks [N]  # tox -e bench-tasks -- N (Django 6, Python 3.13)
+    python3 dev.py bench retire ... # benchmarks.retire on a throwaway PostgreSQL (pgserver)
 
 PostgreSQL is chosen by ``tests/pg.py`` (pytest's ``--postgres`` uses the same): the server
 named by ``DATABASE_URL``; else 127.0.0.1:5432, user ``postgres`` (skipped when
@@ -283,6 +284,11 @@ def cmd_bench(bench_args: list[str]) -> int:
         return run([*pg, *vacuum, "--", PYTHON, "-m", "benchmarks.soak", *bench_args[1:]])
     if bench_args[:1] == ["ordered"]:  # python3 dev.py bench ordered [--events N] ...
         return run([*pg, "--", PYTHON, "-m", "benchmarks.ordered", *bench_args[1:]])
+    if bench_args[:1] == ["retire"]:  # python3 dev.py bench retire [--rows N]
+        # Millions of rows deleted and their WAL measured: never on a shared server.
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        env["OUTBOX_NO_LOCAL_PG"] = "1"
+        return run([*pg, "--", PYTHON, "-m", "benchmarks.retire", *bench_args[1:]], env=env)
     return run([*pg, "--", PYTHON, "-m", "benchmarks.run", *bench_args])
 
 

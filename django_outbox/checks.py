@@ -2,16 +2,18 @@
 
 Ids are stable and grouped: E00x the settings' shape, E01x handlers, E02x buffer
 models, E03x option values, E04x django-q2, E05x the ``STAGING`` and ``IDEMPOTENCY``
-sections, W00x warnings.
+sections, E09x the partitioned archive (database checks: ``migrate`` and
+``check --database`` run them), W00x warnings.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections, router
 from django.utils.module_loading import import_string
 
@@ -25,11 +27,14 @@ from django_outbox.conf import (
     STREAM_NAME,
     STREAM_OPTIONS,
     StagingConfig,
+    outbox_settings,
     raw_settings,
 )
+from django_outbox.db import database_now
 from django_outbox.db.dialect import supported
-from django_outbox.models import BufferEvent, OutboxEvent, StagedJob
+from django_outbox.models import ArchivedEvent, BufferEvent, OutboxEvent, StagedJob
 from django_outbox.options import OptionTable, Problem, is_positive_int, is_positive_number
+from django_outbox.partitions import archive_partitioning
 from django_outbox.transport import cluster_options
 
 
@@ -419,3 +424,56 @@ def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[Ch
                 )
             )
     return warnings
+
+
+@register(Tags.database)
+def check_archive_partitions(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """A partitioned archive records a valid interval and has partitions for now and ahead."""
+    alias = router.db_for_write(ArchivedEvent)
+    if not databases or alias not in databases:
+        return []
+    prune = "Run manage.py outbox_prune (it creates the partitions ahead) and keep the "
+    try:
+        state = archive_partitioning()
+    except ValueError as error:
+        return [
+            Error(
+                f"The partitioned archive records no valid interval: {error}",
+                hint="Set the comment of the archive table back with the migration "
+                "operation PartitionArchive, or comment it "
+                "'django_outbox partitioned archive, interval 1 day'.",
+                id="django_outbox.E090",
+            )
+        ]
+    if state is None:
+        return []
+    now = database_now(alias)
+    soon = now + timedelta(minutes=outbox_settings().prune_every_minutes)
+    messages: list[CheckMessage] = []
+    for outcome in ("done", "failed"):
+        partition = state.covering(outcome, now)
+        if partition is None:
+            messages.append(
+                Error(
+                    f"The partitioned archive has no partition for {outcome} rows archived "
+                    "now: finalizing a group fails (its rows stay in the buffer) until one "
+                    "exists.",
+                    hint=prune + "django_outbox:prune schedule running (outbox_schedules).",
+                    id="django_outbox.E091",
+                )
+            )
+            continue
+        while partition is not None and partition.upper <= soon:
+            partition = state.covering(outcome, partition.upper)
+        if partition is None:
+            messages.append(
+                Warning(
+                    f"The partitioned archive's {outcome} partitions end before the next "
+                    "prune run is due.",
+                    hint=prune + "django_outbox:prune schedule running (outbox_schedules).",
+                    id="django_outbox.W004",
+                )
+            )
+    return messages

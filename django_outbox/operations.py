@@ -5,6 +5,10 @@ buffer whenever a row of an application table is inserted, updated or deleted, f
 code path (the ORM, ``bulk_create``, ``QuerySet.update()``, raw SQL, another service
 writing to the same database). The event is written by the statement that changed the
 row, so it commits and rolls back with it and costs the transaction no extra round trip.
+
+``PartitionArchive`` partitions the archive by outcome and time on PostgreSQL, so that
+retention drops whole partitions instead of deleting rows (see
+:mod:`django_outbox.partitions`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import router
 from django.db.migrations.operations.base import Operation
 
-from django_outbox.conf import STREAM_NAME
+from django_outbox.conf import STREAM_NAME, outbox_settings
+from django_outbox.db import database_now
+from django_outbox.db import partitions as partition_sql
 from django_outbox.db.triggers import OPERATIONS, TriggerSpec, create_statements, drop_statements
 
 __all__ = [
+    "PartitionArchive",
     "PublishTrigger",
 ]
 
@@ -137,3 +144,85 @@ class PublishTrigger(Operation):
             columns=columns,
             on=list(self.on),
         )
+
+
+class PartitionArchive(Operation):
+    """Partition the archive by outcome, then by ``archived_at`` in steps of *interval*.
+
+    Add ``PartitionArchive(interval="1 day")`` to a migration of your project that
+    depends on django_outbox's latest migration. On PostgreSQL it renames the archive
+    table, creates the partitioned table in its place (primary key
+    ``(id, outcome, archived_at)``, the same columns, indexes and id sequence), keeps the
+    old rows as the legacy partitions (the dead letters are copied, the done rows stay
+    where they are) and creates the partitions of the current and next intervals. The
+    table is locked meanwhile. On other databases it does nothing: retention deletes.
+    Reversing copies every row into a plain table again.
+    """
+
+    reversible = True
+    reduces_to_sql = False
+    atomic = True
+
+    def __init__(self, interval: str = "1 day") -> None:
+        self.interval = interval
+        self.width = partition_sql.parse_interval(interval)
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return self.__class__.__qualname__, [], {"interval": self.interval}
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        """Change nothing in the model state: the primary key Django uses stays ``id``."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        connection = schema_editor.connection
+        table = self._table(connection, to_state)
+        if table is None:
+            return
+        now = database_now(connection.alias)
+        if partition_sql.recorded_interval(connection, table) is None:
+            for sql in partition_sql.convert_statements(connection, table, self.width, now):
+                schema_editor.execute(sql, params=None)
+        _, statements = partition_sql.ensure_statements(
+            connection,
+            table,
+            self.width,
+            now,
+            now + partition_sql.horizon(self.width, outbox_settings().prune_every_minutes),
+            partition_sql.partitions(connection, table),
+        )
+        for sql in statements:
+            schema_editor.execute(sql, params=None)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        connection = schema_editor.connection
+        table = self._table(connection, from_state)
+        if table is None or partition_sql.recorded_interval(connection, table) is None:
+            return
+        for sql in partition_sql.revert_statements(connection, table):
+            schema_editor.execute(sql, params=None)
+
+    def describe(self) -> str:
+        return f"Partition the outbox archive by outcome and time ({self.interval})"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return "partition_outbox_archive"
+
+    def _table(self, connection: Any, state: Any) -> str | None:
+        """The archive's table when it lives on *connection*'s PostgreSQL database."""
+        try:
+            model = state.apps.get_model("django_outbox", "ArchivedEvent")
+        except LookupError:
+            raise ValueError(
+                "PartitionArchive: the migration must depend on django_outbox's latest "
+                "migration, e.g. ('django_outbox', '0012_streamstate_claim_floor')."
+            ) from None
+        if connection.vendor != "postgresql":
+            return None
+        if not router.allow_migrate_model(connection.alias, model):
+            return None
+        return model._meta.db_table

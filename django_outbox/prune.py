@@ -5,6 +5,11 @@ Targets: expired idempotency keys; archived rows per stream and outcome (``done`
 overridable per stream); finished unique jobs per kind after its ``retention_days``.
 Each batch is one short transaction that deletes at most ``batch_size`` rows found by an
 index, so pruning millions of rows never holds a long transaction or lock.
+
+A partitioned archive (PostgreSQL, :mod:`django_outbox.partitions`) retires whole
+partitions instead: each outcome's partitions that lie entirely before the longest
+retention of that outcome are dropped, and only streams with a shorter retention of
+their own, and the rows of the legacy partition, are still deleted row by row.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import datetime, timedelta
 
 from django.db import models, transaction
 
+from django_outbox import partitions
 from django_outbox.conf import outbox_settings
 from django_outbox.db import connection_for, database_now
 from django_outbox.db import idempotency as keys_sql
@@ -33,6 +39,9 @@ class PruneTarget:
     label: str
     model: type[models.Model]
     due: Callable[[datetime], models.QuerySet]
+    #: Conditions that confine the delete by id to the partitions that can hold the rows
+    #: (a partitioned archive: its primary key is ``(id, outcome, archived_at)``).
+    confine: Callable[[datetime], dict[str, object]] | None = None
 
 
 def _finished_jobs(kind: type[UniqueJob]) -> Callable[[datetime], models.QuerySet]:
@@ -48,8 +57,11 @@ class PruneResult:
     dry_run: bool
 
 
-def prune_targets(streams: list[str] | None = None) -> list[PruneTarget]:
-    """Every target, or only the archive of *streams* when given."""
+def prune_targets(
+    streams: list[str] | None = None, known: list[str] | None = None
+) -> list[PruneTarget]:
+    """Every target, or only the archive of *streams* when given (*known*: the streams
+    of :func:`_archived_streams`, when the caller has read them already)."""
     config = outbox_settings()
     targets: list[PruneTarget] = []
     if streams is None:
@@ -60,15 +72,26 @@ def prune_targets(streams: list[str] | None = None) -> list[PruneTarget]:
                 lambda now: IdempotencyKey.objects.filter(expires_at__lte=now),
             )
         )
-    archived = streams if streams is not None else _archived_streams()
+    archived = streams if streams is not None else known or _archived_streams()
+    partitioned = partitions.archive_partitioning()
     for stream in archived:
         for outcome in (Outcome.DONE, Outcome.FAILED):
             days = config.retention_days(stream, outcome)
+            longest = max((config.retention_days(s, outcome) for s in archived), default=days)
+            before = None
+            if partitioned is not None and days >= longest and streams is None:
+                # Retired with whole partitions; only the legacy partition holds rows
+                # that must still go one by one.
+                legacy = [p for p in partitioned.partitions if p.outcome == outcome and p.is_legacy]
+                if not legacy:
+                    continue
+                before = legacy[0].upper
             targets.append(
                 PruneTarget(
                     f"archive {stream} {outcome} (older than {days} days)",
                     ArchivedEvent,
-                    _archive_due(stream, outcome, days),
+                    _archive_due(stream, outcome, days, before),
+                    None if partitioned is None else _confine(outcome, days, before),
                 )
             )
     if streams is None:
@@ -84,13 +107,33 @@ def prune_targets(streams: list[str] | None = None) -> list[PruneTarget]:
     return targets
 
 
-def _archive_due(stream: str, outcome: str, days: int) -> Callable[[datetime], models.QuerySet]:
+def _archive_due(
+    stream: str, outcome: str, days: int, before: datetime | None = None
+) -> Callable[[datetime], models.QuerySet]:
+    """The archived rows of *stream* and *outcome* past retention (and before *before*)."""
+
     def due(now: datetime) -> models.QuerySet:
+        cutoff = now - timedelta(days=days)
         return ArchivedEvent.objects.filter(
-            stream=stream, outcome=outcome, archived_at__lt=now - timedelta(days=days)
+            stream=stream,
+            outcome=outcome,
+            archived_at__lt=cutoff if before is None else min(cutoff, before),
         )
 
     return due
+
+
+def _confine(
+    outcome: str, days: int, before: datetime | None
+) -> Callable[[datetime], dict[str, object]]:
+    def confine(now: datetime) -> dict[str, object]:
+        cutoff = now - timedelta(days=days)
+        return {
+            "outcome": outcome,
+            "archived_at__lt": cutoff if before is None else min(cutoff, before),
+        }
+
+    return confine
 
 
 def _archived_streams() -> list[str]:
@@ -109,9 +152,17 @@ def prune_all(
     streams: list[str] | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> list[PruneResult]:
-    """Prune every target; with *dry_run*, count what would go and delete nothing."""
+    """Prune every target; with *dry_run*, count what would go and delete nothing.
+
+    On a partitioned archive (and without *streams*), partitions are created ahead and
+    those entirely past retention dropped first; their rows are the planner's estimate.
+    """
     results = []
-    for target in prune_targets(streams):
+    known = None
+    if streams is None:
+        known = _archived_streams()
+        results.extend(_retire_partitions(known, dry_run))
+    for target in prune_targets(streams, known):
         started = time.perf_counter()
         if dry_run:
             now = database_now(connection_for(target.model).alias)
@@ -119,6 +170,19 @@ def prune_all(
         else:
             rows = _delete_in_batches(target, batch_size, progress)
         results.append(PruneResult(target.label, rows, time.perf_counter() - started, dry_run))
+    return results
+
+
+def _retire_partitions(streams: list[str], dry_run: bool) -> list[PruneResult]:
+    started = time.perf_counter()
+    maintenance = partitions.maintain_archive(streams, dry_run=dry_run)
+    results = []
+    for outcome in (Outcome.DONE, Outcome.FAILED):
+        dropped = [p for p in maintenance.dropped if p.outcome == outcome]
+        if dropped:
+            rows = sum(maintenance.rows[p.name] for p in dropped)
+            label = f"archive partitions {outcome} ({len(dropped)} past retention, rows estimated)"
+            results.append(PruneResult(label, rows, time.perf_counter() - started, dry_run))
     return results
 
 
@@ -134,7 +198,10 @@ def _delete_in_batches(
             else:
                 now = database_now(alias)
                 ids = list(target.due(now).values_list("pk", flat=True)[:batch_size])
-                count = target.model._base_manager.filter(pk__in=ids).delete()[0] if ids else 0
+                rows = target.model._base_manager.filter(pk__in=ids)
+                if target.confine is not None:
+                    rows = rows.filter(**target.confine(now))
+                count = rows.delete()[0] if ids else 0
         deleted += count
         if progress is not None:
             progress(target.label, deleted)

@@ -349,9 +349,12 @@ CHECK_DOCS: dict[str, str] = {
     "not installed",
     "E085": "an unknown or bad option in a `TASKS` alias's `OPTIONS`",
     "E086": "two `TASKS` aliases of the backend set an option differently",
+    "E090": "the partitioned archive's table records no valid interval",
+    "E091": "the partitioned archive has no partition for rows archived now",
     "W001": 'a SQLite database without `"transaction_mode": "IMMEDIATE"`',
     "W002": '`CLUSTER` names a cluster missing from `Q_CLUSTER["ALT_CLUSTERS"]`',
     "W003": "a stream option of an earlier version (`KICK`, `MAX_BATCHES`): ignored, remove it",
+    "W004": "the partitioned archive's partitions end before the next prune run is due",
 }
 
 #: The modules whose source holds check ids (as string literals).
