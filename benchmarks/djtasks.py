@@ -8,8 +8,8 @@ django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is inst
   to the last one done, with two worker processes each: a qcluster of 2 workers for
   ours (the commit kicks the dispatch; chunks of the task kind), two quiet
   ``db_worker --verbosity 0`` processes for django-tasks-db, as its users run them.
-  The workers are started and warm before the clock starts. Ours runs twice: with the
-  default ``JOBS_PER_STATEMENT`` (1) and with 8;
+  The workers are started and warm before the clock starts. Ours runs with the default
+  options (``JOBS_PER_STATEMENT`` 8);
 * enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
   ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours at the
   defaults (the INSERT's own statement queues the kind's wake, a django-q2 task that
@@ -43,8 +43,6 @@ from django.db import connection, transaction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE_MAX = 2000
-#: ``JOBS_PER_STATEMENT`` of ours' second end-to-end run (the first runs the default, 1).
-GROUPED = 8
 OURS = "django_outbox_tasks_taskrecord"
 THEIRS = "django_tasks_database_dbtaskresult"
 
@@ -80,14 +78,14 @@ def _workers(argv: list[str], count: int, name: str) -> Iterator[None]:
         stop(processes)
 
 
-def ours_end_to_end(n: int, jobs_per_statement: int = 1) -> dict[str, Any]:
+def ours_end_to_end(n: int) -> dict[str, Any]:
     from benchmarks.djtasks_funcs import outbox_noop
     from benchmarks.run import cluster
     from django_outbox.tasks_backend.models import TaskRecord
     from django_outbox.unique.dispatch import chunk_length
 
     _clear()
-    with cluster(BENCH_JOBS_PER_STATEMENT=str(jobs_per_statement)):
+    with cluster():
         with transaction.atomic():
             outbox_noop.enqueue_many([((number,), {}) for number in range(n)])
             begin = time.perf_counter()  # the commit and what follows it
@@ -102,7 +100,7 @@ def ours_end_to_end(n: int, jobs_per_statement: int = 1) -> dict[str, Any]:
         "seconds": round(seconds, 3),
         "tasks_per_s": round(n / seconds),
         "chunk": chunk_length(TaskRecord.job_options()),
-        "jobs_per_statement": jobs_per_statement,
+        "jobs_per_statement": TaskRecord.job_options().jobs_per_statement,
     }
 
 
@@ -199,18 +197,10 @@ def measure(n: int) -> dict[str, Any]:
         raise SystemExit("The django.tasks benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     ours = ours_end_to_end(n)
     theirs = theirs_end_to_end(n)
-    grouped = ours_end_to_end(n, jobs_per_statement=GROUPED)
     return {
         "django": django.get_version(),
-        "end_to_end": {
-            "ours": ours,
-            "django_tasks_db": theirs,
-            f"ours_jobs_per_statement_{GROUPED}": grouped,
-        },
+        "end_to_end": {"ours": ours, "django_tasks_db": theirs},
         "end_to_end_ratio": round(ours["tasks_per_s"] / theirs["tasks_per_s"], 1),
-        f"end_to_end_ratio_jobs_per_statement_{GROUPED}": round(
-            grouped["tasks_per_s"] / theirs["tasks_per_s"], 1
-        ),
         "enqueue": enqueue_rates(n),
     }
 

@@ -22,7 +22,12 @@ if django.VERSION >= (6, 0):
             "BACKEND": "django_outbox.tasks_backend.OutboxTaskBackend",
             "OPTIONS": {
                 "CONCURRENCY": int(os.environ.get("BENCH_TASK_CONCURRENCY", "500")),
-                "JOBS_PER_STATEMENT": int(os.environ.get("BENCH_JOBS_PER_STATEMENT", "1")),
+                # The default unless a run sets it (JOBS_PER_STATEMENT's default is 8).
+                **(
+                    {"JOBS_PER_STATEMENT": int(os.environ["BENCH_JOBS_PER_STATEMENT"])}
+                    if os.environ.get("BENCH_JOBS_PER_STATEMENT")
+                    else {}
+                ),
             },
         }
     }

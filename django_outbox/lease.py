@@ -97,7 +97,9 @@ class LeaseTable:
     """The fenced operations on one table of leased rows.
 
     *what* names a row in errors (``"group"``, ``"blogs.RebuildBlogFeed"``); *running*
-    is the state value of a row under a lease.
+    is the state value of a row under a lease; *fence* the column that fences a worker's
+    changes (the attempt by default; unique jobs have a token of their own, fresh on
+    every start, since a job may run the same attempt number twice).
     """
 
     def __init__(
@@ -108,12 +110,14 @@ class LeaseTable:
         lease_seconds: float,
         running: str = "running",
         touch: str | None = None,
+        fence: str = "attempt",
     ) -> None:
         self.model = model
         self.what = what
         self.lease = timedelta(seconds=lease_seconds)
         self.running = running
         self.touch = touch  # a column stamped with the database's now on every change
+        self.fence = fence  # the column of the fencing token: the attempt, or a token
 
     @property
     def alias(self) -> str:
@@ -123,8 +127,9 @@ class LeaseTable:
         return self.model._default_manager.using(self.alias)
 
     def fenced(self, pk: Any, attempt: int) -> QuerySet:
-        """The row, only while it is running attempt *attempt*."""
-        return self.objects().filter(pk=pk, attempt=attempt, state=self.running)
+        """The row, only while it is running attempt *attempt* (or, with another *fence*
+        column, while it runs under that token)."""
+        return self.objects().filter(pk=pk, state=self.running, **{self.fence: attempt})
 
     def update(self, pk: Any, attempt: int, **changes: Any) -> int:
         """Change the row while it runs attempt *attempt*; return 1, or 0 if the lease is lost."""

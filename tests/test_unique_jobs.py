@@ -23,7 +23,7 @@ from django.utils.dateparse import parse_datetime
 
 from django_outbox import transport
 from django_outbox.db import database_now, dialect_of
-from django_outbox.db.unique import JobTable
+from django_outbox.db.unique import JobTable, new_token
 from django_outbox.durations import MAX_DURATION
 from django_outbox.exceptions import DurationError, JobError, LeaseLost
 from django_outbox.jsondata import MAX_DEPTH
@@ -539,39 +539,119 @@ def test_a_failure_in_a_group_is_recorded_at_once_and_costs_the_others_nothing(k
     assert "planned failure of attempt 1" in KeyedJob.objects.get(pk=jobs[1].pk).last_error
 
 
-def test_a_crash_in_a_group_costs_each_started_job_an_attempt_then_they_run_alone(
-    kind_options,
+class WorkerDied(BaseException):
+    """A worker's death as its chunk sees it: nothing after it runs, nothing is recorded."""
+
+
+def expire_leases() -> None:
+    KeyedJob.objects.filter(state=JobState.RUNNING).update(
+        lease_expires_at=Now() - timedelta(seconds=1)
+    )
+
+
+def run_until_a_worker_dies(queue: deque[transport.Job]) -> None:
+    """Run the captured chunks (and those they enqueue) until one kills its worker."""
+    while queue:
+        try:
+            queue.popleft().run()
+        except WorkerDied:
+            return
+    pytest.fail("no worker died")
+
+
+def test_a_crash_in_a_group_at_the_default_size_costs_only_the_running_job_an_attempt(
+    kind_options, monkeypatch
 ):
-    """A worker that dies with a group started leaves no trace of which job it ran: each
-    started job loses that attempt, and then runs in a group of its own, so that the job
-    that crashes its worker again costs no other job an attempt."""
-    kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=4)
-    jobs, chunk = dispatched_chunk(6)
-    table = JobTable(KeyedJob)
-    assert table.steps([], chunk[:4], "dead-host:1")[1] == {pk for pk, _ in chunk[:4]}
-    # The worker dies; the leases expire; the next dispatch rescues and starts again.
-    KeyedJob.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
+    """A worker dies while a group of 8 (the default) is started: jobs before the one
+    it ran succeeded (not recorded yet), jobs after it had not begun. The database
+    cannot tell them apart: none loses an attempt, and each runs alone next time; the
+    job that kills its worker again, alone, loses that attempt."""
+    kind_options(KeyedJob, concurrency=20, chunk_size=10)
+    assert KeyedJob.job_options().jobs_per_statement == 8
+    jobs, chunk = dispatched_chunk(10)
+    culprit = jobs[2].pk
+    perform = KeyedJob.perform
+
+    def dies_on_its_first_attempt(self, heartbeat):
+        if self.pk == culprit and self.attempt == 1:
+            raise WorkerDied
+        return perform(self, heartbeat)
+
+    monkeypatch.setattr(KeyedJob, "perform", dies_on_its_first_attempt)
+    with pytest.raises(WorkerDied):
+        execute_chunk(KeyedJob, chunk)
+    assert KeyedJob.objects.filter(state=JobState.RUNNING, started_at__isnull=False).count() == 8
+
+    expire_leases()
     with transport.capture() as queue:
-        dispatch(KeyedJob)
-    restarted = sorted(started(queue))
-    first_four = {job.pk for job in jobs[:4]}
-    # The started ones lost an attempt (attempt 2 now), the two unstarted ones did not.
-    assert [attempt for _, pk, attempt in restarted if pk in first_four] == [2] * 4
-    assert [attempt for _, pk, attempt in restarted if pk not in first_four] == [1, 1]
-    with CaptureQueriesContext(connection) as queries:
-        outcomes = run_all(queue)
-    assert outcomes == [JobOutcome.PROCESSED.value] * 6
-    # The four alone (a statement each), the two others together, one to finish: six.
-    assert step_statements(queries) == 6
+        assert (
+            dispatch(KeyedJob).rescued,
+            KeyedJob.objects.filter(state=JobState.FAILED).count(),
+        ) == (
+            10,
+            0,
+        )
+        # No job lost an attempt: each runs attempt 1 again.
+        assert sorted(started(queue)) == sorted(("uniqueapp.KeyedJob", pk, 1) for pk, _ in chunk)
+        grouped = KeyedJob.objects.get(pk=culprit).last_error
+        assert grouped.startswith("The lease of attempt 1 expired in a group of 8 jobs")
+        run_until_a_worker_dies(queue)  # the culprit again, alone this time
+
+        expire_leases()
+        queue.clear()  # the dead worker's later chunks, if any: their jobs are rescued
+        assert dispatch(KeyedJob).rescued >= 1
+        assert ("uniqueapp.KeyedJob", culprit, 2) in started(queue)  # that crash counted
+        run_all(queue)
+    done = dict(KeyedJob.objects.filter(state=JobState.PROCESSED).values_list("pk", "attempt"))
+    assert done == {job.pk: 2 if job.pk == culprit else 1 for job in jobs}
+    # Every run of a job other than the culprit was attempt 1.
+    others = JobRun.objects.exclude(job_id=culprit)
+    assert set(others.values_list("attempt", flat=True)) == {1}
+
+
+def test_a_stalled_worker_cannot_finish_or_renew_its_group_run_again_by_another(
+    kind_options, monkeypatch
+):
+    """A group rescued while its worker stalled goes back with its attempt not counted,
+    so its jobs run the same attempt numbers again: only the token tells the stalled run
+    from the new one. The stalled worker, waking up, records nothing."""
+    kind_options(KeyedJob, concurrency=20, chunk_size=10)
+    jobs, chunk = dispatched_chunk(2)
+    ids = {job.pk for job in jobs}
+    table = JobTable(KeyedJob)
+    perform = KeyedJob.perform
+    fresh = new_token()
+
+    def stall_while_the_group_is_rescued_and_started_again(self, heartbeat):
+        if self.pk == jobs[0].pk and not KeyedJob.objects.filter(worker="fresh-host:1").exists():
+            stale = KeyedJob.objects.get(pk=self.pk).token
+            expire_leases()
+            with transport.capture() as queue:
+                assert dispatch(KeyedJob).rescued == 2
+            [again] = queue
+            assert sorted(again.args[1]) == sorted(chunk)  # the same (id, attempt) pairs
+            assert table.steps([], again.args[1], "fresh-host:1", token=fresh)[1] == ids
+            # The stalled worker's heartbeat, and its renewal of its mate, change nothing.
+            with pytest.raises(LeaseLost):
+                heartbeat()
+            assert table.renew([(jobs[1].pk, stale)]) == set()
+        return perform(self, heartbeat)
+
+    monkeypatch.setattr(KeyedJob, "perform", stall_while_the_group_is_rescued_and_started_again)
+    assert execute_chunk(KeyedJob, chunk) == [JobOutcome.LEASE_LOST, JobOutcome.LEASE_LOST]
+    rows = KeyedJob.objects.filter(pk__in=ids).values_list("state", "attempt", "token", "worker")
+    assert set(rows) == {(JobState.RUNNING, 1, fresh, "fresh-host:1")}
+    assert finish(KeyedJob, jobs[0].pk, fresh) is JobOutcome.PROCESSED
 
 
 def test_a_heartbeat_extends_the_leases_of_the_jobs_started_with_it(kind_options):
     kind_options(KeyedJob, concurrency=20, chunk_size=10, jobs_per_statement=3)
     _, chunk = dispatched_chunk(3)
-    JobTable(KeyedJob).steps([], chunk, "host:1")
+    token = new_token()
+    JobTable(KeyedJob).steps([], chunk, "host:1", token=token)
     KeyedJob.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
-    (first, attempt), *mates = chunk
-    Heartbeat(KeyedJob, first, attempt, mates)()
+    first, *mates = [pk for pk, _ in chunk]
+    Heartbeat(KeyedJob, first, 1, token, [(pk, token) for pk in mates])()
     expired = KeyedJob.objects.filter(lease_expires_at__lte=Now())
     assert not expired.exists()
 
@@ -586,7 +666,8 @@ def test_a_job_of_a_group_that_lost_its_lease_while_waiting_is_not_run(kind_opti
 
     def rescue_the_second(self, heartbeat):
         if self.pk == jobs[0].pk:  # as if a dispatch had rescued the second job meanwhile
-            retry_or_fail(KeyedJob, jobs[1].pk, chunk[1][1], "lease expired", delay=0)
+            token = KeyedJob.objects.get(pk=jobs[1].pk).token
+            retry_or_fail(KeyedJob, jobs[1].pk, chunk[1][1], "expired", token=token, delay=0)
         return perform(self, heartbeat)
 
     monkeypatch.setattr(KeyedJob, "perform", rescue_the_second)
@@ -615,7 +696,8 @@ def test_a_job_left_alone_in_its_group_is_checked_after_a_long_wait(
     def rescue_the_second_then_stop(self, heartbeat):
         if self.pk == jobs[0].pk:
             # As a dispatch does once the lease expired: back to pending, started again.
-            retry_or_fail(KeyedJob, jobs[1].pk, chunk[1][1], "lease expired", delay=0)
+            token = KeyedJob.objects.get(pk=jobs[1].pk).token
+            retry_or_fail(KeyedJob, jobs[1].pk, chunk[1][1], "expired", token=token, delay=0)
             assert JobTable(KeyedJob).start_one(jobs[1].pk) == (jobs[1].pk, 2)
             if mate == "fails":
                 raise RuntimeError("the first job failed")
@@ -656,7 +738,8 @@ def test_a_worker_that_dies_mid_chunk_loses_only_the_attempt_it_was_running():
     ]
 
 
-def test_a_chunk_past_its_deadline_hands_its_unstarted_jobs_back():
+def test_a_chunk_past_its_deadline_hands_its_unstarted_jobs_back(kind_options):
+    kind_options(KeyedJob, jobs_per_statement=1)  # the deadline is looked at between groups
     with transport.capture() as queue:
         with transaction.atomic():
             jobs = [KeyedJob.enqueue(key=f"k{n}")[0] for n in range(2)]
@@ -880,9 +963,13 @@ def test_the_backoff_grows_with_each_attempt_up_to_its_cap():
     job = KeyedJob.objects.create(key="a")
     delays = []
     for attempt in (1, 2):
-        KeyedJob.objects.filter(pk=job.pk).update(state=JobState.RUNNING, attempt=attempt)
+        KeyedJob.objects.filter(pk=job.pk).update(
+            state=JobState.RUNNING, attempt=attempt, token=attempt
+        )
         before = database_now()
-        assert retry_or_fail(KeyedJob, job.pk, attempt, "boom") is JobOutcome.RETRYING
+        assert retry_or_fail(KeyedJob, job.pk, attempt, "boom", token=attempt) is (
+            JobOutcome.RETRYING
+        )
         job.refresh_from_db()
         delays.append((job.process_after - before).total_seconds())
 
@@ -922,14 +1009,15 @@ def test_a_task_of_an_older_attempt_is_skipped():
 def test_heartbeat_extends_the_lease_and_raises_once_the_attempt_is_gone():
     with transport.capture():
         job, _ = BeatingJob.enqueue(key="a")
+    token = take_lease(BeatingJob, job.pk, 1, "worker")
     BeatingJob.objects.filter(pk=job.pk).update(lease_expires_at=Now())
-    beat = Heartbeat(BeatingJob, job.pk, 1)
+    beat = Heartbeat(BeatingJob, job.pk, 1, token)
 
     beat()
     job.refresh_from_db()
     assert job.lease_expires_at > database_now() + timedelta(seconds=1)
 
-    BeatingJob.objects.filter(pk=job.pk).update(attempt=2)  # taken over
+    BeatingJob.objects.filter(pk=job.pk).update(token=token + 1)  # taken over
     with pytest.raises(LeaseLost) as lost:
         beat()
     assert lost.value.key == job.pk
@@ -942,10 +1030,11 @@ def test_heartbeat_extends_the_lease_and_raises_once_the_attempt_is_gone():
 def test_a_stale_worker_can_neither_finish_nor_fail_the_job():
     with transport.capture():
         job, _ = KeyedJob.enqueue(key="a")
-    KeyedJob.objects.filter(pk=job.pk).update(attempt=2)
+    token = take_lease(KeyedJob, job.pk, 1, "stale worker")
+    KeyedJob.objects.filter(pk=job.pk).update(attempt=2, token=token + 1)  # taken over
 
-    assert finish(KeyedJob, job.pk, 1) is JobOutcome.LEASE_LOST
-    assert retry_or_fail(KeyedJob, job.pk, 1, "late error") is JobOutcome.LEASE_LOST
+    assert finish(KeyedJob, job.pk, token) is JobOutcome.LEASE_LOST
+    assert retry_or_fail(KeyedJob, job.pk, 1, "late error", token=token) is JobOutcome.LEASE_LOST
     job.refresh_from_db()
     assert (job.state, job.attempt, job.last_error) == (JobState.RUNNING, 2, "")
 

@@ -181,11 +181,19 @@ def test_a_job_interrupted_by_the_database_runs_again_under_its_lease(chunk_of_t
     assert set(states().values()) == {(JobState.PROCESSED, 1)}
 
 
-def test_a_step_whose_commit_went_through_is_recognized_when_run_again(chunk_of_three, monkeypatch):
-    """The statement that records A and starts B commits, but its answer is lost with
-    the connection. Run again, it finds A processed and B started by this worker: A is
-    not reported late, B runs (it is not left running for its lease)."""
+@pytest.mark.parametrize("per_statement", [1, 8], ids=["one-per-statement", "default"])
+def test_a_step_whose_commit_went_through_is_recognized_when_run_again(
+    chunk_of_three, monkeypatch, per_statement
+):
+    """The first statement after A ran commits, but its answer is lost with the
+    connection. One job per statement: it records A and starts B; run again, it finds A
+    processed and B started with its token: A is not reported late, B runs (it is not
+    left running for its lease). At the default (8), the three were started together
+    and it records all three; run again, it finds them processed under their token."""
     jobs, chunk = chunk_of_three
+    KeyedJob._kind_options = dataclasses.replace(
+        KeyedJob.job_options(), jobs_per_statement=per_statement
+    )
     real = JobTable._rows
     lost = []
 
@@ -199,7 +207,8 @@ def test_a_step_whose_commit_went_through_is_recognized_when_run_again(chunk_of_
 
     monkeypatch.setattr(JobTable, "_rows", answer_lost)
     assert execute_chunk(KeyedJob, chunk) == [JobOutcome.PROCESSED] * 3
-    assert sorted(row[0] for row in lost[0]) == [jobs[0].pk, jobs[1].pk], "it had committed"
+    recorded = [jobs[0].pk, jobs[1].pk] if per_statement == 1 else [job.pk for job in jobs]
+    assert sorted(row[0] for row in lost[0]) == recorded, "it had committed"
     assert runs() == [(job.pk, 1) for job in jobs]
     assert set(states().values()) == {(JobState.PROCESSED, 1)}
 
@@ -207,10 +216,12 @@ def test_a_step_whose_commit_went_through_is_recognized_when_run_again(chunk_of_
 def test_a_database_away_for_longer_than_the_wait_ends_the_chunk_and_the_task_returns(
     chunk_of_three, monkeypatch
 ):
-    """Away for longer than the kind's outage_seconds (half its 5 s lease): the task
-    function returns; A (performed, not recorded) is left to its lease; B and C were
-    never started: a dispatch hands them back with their attempt not counted."""
+    """One job per statement; away for longer than the kind's outage_seconds (half its
+    5 s lease): the task function returns; A (performed, not recorded) is left to its
+    lease; B and C were never started: a dispatch hands them back with their attempt
+    not counted."""
     jobs, chunk = chunk_of_three
+    KeyedJob._kind_options = dataclasses.replace(KeyedJob.job_options(), jobs_per_statement=1)
     with database_away(monkeypatch, refusals=None) as outage:
         after_perform_of(jobs[0], monkeypatch, outage.start)
         outcomes = tasks.run_unique_jobs("uniqueapp.KeyedJob", [list(pair) for pair in chunk])
@@ -228,3 +239,26 @@ def test_a_database_away_for_longer_than_the_wait_ends_the_chunk_and_the_task_re
         dispatch(KeyedJob)
     restarted = sorted(pair for job in queue for pair in job.args[1])
     assert restarted == [(jobs[0].pk, 2), (jobs[1].pk, 1), (jobs[2].pk, 1)]
+
+
+def test_a_database_away_longer_than_the_wait_at_the_default_costs_the_group_nothing(
+    chunk_of_three, monkeypatch
+):
+    """At the default (8 per statement), A, B and C were started together; the database
+    goes away after A ran, for longer than the wait: the chunk ends, the three are left
+    to their leases, and the rescue hands all three back with their attempt not counted
+    (which one was running is not known), each to run alone next."""
+    jobs, chunk = chunk_of_three
+    assert KeyedJob.job_options().jobs_per_statement == 8
+    with database_away(monkeypatch, refusals=None) as outage:
+        after_perform_of(jobs[0], monkeypatch, outage.start)
+        outcomes = tasks.run_unique_jobs("uniqueapp.KeyedJob", [list(pair) for pair in chunk])
+        assert outcomes == [JobOutcome.INTERRUPTED.value] * 3
+        outage.end()
+    started = KeyedJob.objects.filter(state=JobState.RUNNING, started_at__isnull=False)
+    assert started.count() == 3
+    KeyedJob.objects.update(lease_expires_at=Now() - timedelta(seconds=1))
+    with transport.capture() as queue:
+        dispatch(KeyedJob)
+    restarted = sorted(pair for job in queue for pair in job.args[1])
+    assert restarted == [(job.pk, 1) for job in jobs]

@@ -240,10 +240,14 @@ def run_a_chunk_that_kills_its_worker(
 
 
 def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
-    """SIGKILL of the worker running the first job of a chunk: that job's attempt is
-    lost (it runs again as attempt 2); the job waiting behind it in the chunk goes back
-    unstarted and runs once, as attempt 1; every other job runs once."""
-    crash, behind, others = run_a_chunk_that_kills_its_worker("unique-chunk-crash")
+    """One job per statement: SIGKILL of the worker running the first job of a chunk:
+    that job's attempt is lost (it runs again as attempt 2); the job waiting behind it
+    in the chunk goes back unstarted and runs once, as attempt 1; every other job runs
+    once."""
+    options = json.dumps({"uniqueapp.KeyedJob": {"jobs_per_statement": 1}})
+    crash, behind, others = run_a_chunk_that_kills_its_worker(
+        "unique-chunk-crash", OUTBOX_TEST_KIND_OPTIONS=options
+    )
     runs = sorted(JobRun.objects.values_list("job_id", "attempt"))
     assert runs == sorted(
         [(crash.pk, 1), (crash.pk, 2), (behind.pk, 1), *((job.pk, 1) for job in others)]
@@ -254,21 +258,27 @@ def test_a_worker_killed_mid_chunk_costs_only_the_attempt_it_was_running():
     assert all(attempts[job.pk] == 1 for job in others)
 
 
-def test_a_worker_killed_mid_group_costs_each_job_started_with_it_an_attempt():
-    """With ``jobs_per_statement = 2`` a chunk of two starts both jobs in one statement.
-    SIGKILL of the worker during the first: neither is lost; both lose attempt 1 (which
-    of them ran cannot be known) and run again alone; the job behind the crash runs
-    once, as attempt 2; every other job runs once."""
-    options = json.dumps({"uniqueapp.KeyedJob": {"jobs_per_statement": 2}})
-    crash, behind, others = run_a_chunk_that_kills_its_worker(
-        "unique-group-crash", OUTBOX_TEST_KIND_OPTIONS=options
-    )
+def test_a_worker_killed_mid_group_at_the_default_costs_its_mates_no_attempt():
+    """At the default ``jobs_per_statement`` (8) a chunk of two starts both jobs in one
+    statement. SIGKILL of the worker during the first: which of them ran cannot be
+    known, so neither loses attempt 1, and each runs again alone: the crashing job kills
+    its worker again, alone, and that attempt counts (it succeeds as attempt 2); the job
+    behind it runs once, as attempt 1; every other job runs once."""
+    assert KeyedJob.job_options().jobs_per_statement == 8
+    crash, behind, others = run_a_chunk_that_kills_its_worker("unique-group-crash")
     runs = sorted(JobRun.objects.values_list("job_id", "attempt"))
     assert runs == sorted(
-        [(crash.pk, 1), (crash.pk, 2), (behind.pk, 2), *((job.pk, 1) for job in others)]
+        [
+            (crash.pk, 1),
+            (crash.pk, 1),
+            (crash.pk, 2),
+            (behind.pk, 1),
+            *((job.pk, 1) for job in others),
+        ]
     )
     attempts = dict(KeyedJob.objects.values_list("pk", "attempt"))
-    assert (attempts[crash.pk], attempts[behind.pk]) == (2, 2)
+    assert attempts[crash.pk] == 2
+    assert attempts[behind.pk] == 1, "the job started with the crash lost an attempt"
     assert all(attempts[job.pk] == 1 for job in others)
 
 
@@ -321,7 +331,8 @@ def test_a_zombie_worker_cannot_finish_a_job_it_lost(tmp_path, heartbeat):
                 assert dispatch(KeyedJob).rescued == 1
             assert queue[0].args == ("uniqueapp.KeyedJob", [(job.pk, 2)])
             # The fresh attempt is still running when the zombie wakes up.
-            assert take_lease(KeyedJob, job.pk, 2, "fresh worker")
+            token = take_lease(KeyedJob, job.pk, 2, "fresh worker")
+            assert token
         finally:
             (tmp_path / "go").touch()
             os.kill(zombie.pid, signal.SIGCONT)
@@ -331,7 +342,7 @@ def test_a_zombie_worker_cannot_finish_a_job_it_lost(tmp_path, heartbeat):
     assert zombie.returncode == 0
     assert out.read_text().strip().splitlines()[-1] == JobOutcome.LEASE_LOST.value
     assert (job.state, job.attempt, job.worker) == (JobState.RUNNING, 2, "fresh worker")
-    assert finish(KeyedJob, job.pk, 2) is JobOutcome.PROCESSED
+    assert finish(KeyedJob, job.pk, token) is JobOutcome.PROCESSED
 
 
 def test_failed_attempts_back_off_then_succeed_or_fail_for_good():

@@ -9,6 +9,7 @@ transactions) already serializes them.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,13 @@ PENDING, RUNNING, PROCESSED = "pending", "running", "processed"
 UNSTARTED_SQL = f"(state = '{PENDING}' OR (started_at IS NULL AND state = '{RUNNING}'))"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
 ADVISORY_NAMESPACE = 7_270_001
+
+
+def new_token() -> int:
+    """A fresh fencing token: a random positive 63-bit integer (never 0, the token of a
+    job no worker started yet), drawn from the operating system's randomness, so that
+    forked workers never draw the same."""
+    return secrets.randbits(63) or 1
 
 
 class JobTable:
@@ -142,12 +150,13 @@ class JobTable:
             *names,
             "state",
             "attempt",
+            "token",
             "process_after",
             "created_at",
             "last_error",
             "worker",
         ]
-        bookkeeping = [f"'{PENDING}'", "0", after_sql, self.now, "''", "''"]
+        bookkeeping = [f"'{PENDING}'", "0", "0", after_sql, self.now, "''", "''"]
         params: list[Any] = []
         if common:
             # INSERT … SELECT from a VALUES list: the shared values appear once, cast to
@@ -313,10 +322,12 @@ class JobTable:
         )
 
     def _start_set(self) -> tuple[str, list[Any]]:
+        # A dispatched job is no worker's yet: token 0, which no worker holds (a stalled
+        # worker of its last run must not match it before its new worker starts it).
         expiry, params = self.dialect.seconds_from_now(self.options.lease_seconds)
         return (
             f"SET state = %s, attempt = attempt + 1, lease_expires_at = {expiry}, "
-            "started_at = NULL, finished_at = NULL, worker = ''",
+            "started_at = NULL, finished_at = NULL, worker = '', token = 0",
             [RUNNING, *params],
         )
 
@@ -428,14 +439,20 @@ class JobTable:
         start: tuple[int, int] | None,
         worker: str,
         result: Any = None,
+        *,
+        token: int | None = None,
     ) -> tuple[bool, bool]:
         """Mark one job processed and start the next, in one statement; either may be None.
 
-        *finish* and *start* are (id, attempt) pairs; *result* is the finished job's (see
+        *finish* is an (id, token) pair, *start* an (id, attempt) pair started with
+        *token* (a fresh one by default); *result* is the finished job's (see
         :meth:`steps`). Returns whether each matched.
         """
         finished, started = self.steps(
-            [(*finish, result)] if finish else [], [start] if start else [], worker
+            [(*finish, result)] if finish else [],
+            [start] if start else [],
+            worker,
+            token=new_token() if token is None else token,
         )
         return (
             finish is not None and finish[0] in finished,
@@ -448,28 +465,34 @@ class JobTable:
         starts: Sequence[tuple[int, int]],
         worker: str,
         *,
+        token: int = 0,
         resumed: bool = False,
     ) -> tuple[set[int], set[int]]:
         """Mark jobs processed and start others, in one statement; either list may be empty.
 
-        *finishes* are (id, attempt, result) triples, *starts* (id, attempt) pairs.
-        Finishing matches a job only while it runs that attempt; starting matches it only
-        while no worker has started that attempt (``started_at`` NULL), and stamps the
-        start, renews the lease and records *worker*. Returns the ids of the jobs
-        finished and of those started (one missing: the lease is lost, or the attempt is
-        not ours to start). A kind with a ``result_field`` stores each finished job's
-        result (a database value); one with a ``workers_field`` appends *worker* to each
-        started job's.
+        *finishes* are (id, token, result) triples, *starts* (id, attempt) pairs.
+        Finishing matches a job only while it runs under that fencing token; starting
+        matches it only while no worker has started that attempt (``started_at`` NULL),
+        and stamps the start, gives it *token* (fresh for every statement that starts
+        jobs: :func:`new_token`; the jobs started together share it), renews the lease
+        and records *worker*. Returns the ids of the jobs finished and of those started
+        (one missing: the lease is lost, or the attempt is not ours to start). A kind
+        with a ``result_field`` stores each finished job's result (a database value);
+        one with a ``workers_field`` appends *worker* to each started job's.
+
+        The token, not the attempt, fences what the worker does next (finish, renew,
+        record a failure): a started job handed back with its attempt not counted (its
+        group crashed while another job of it ran) runs that attempt number again, under
+        another token, and the stalled worker of the first run changes nothing.
 
         Stamping the start frees a job's unique key (it leaves the index of jobs not
         started): from then on an enqueue of that key creates a new job. Every job of
         *starts* frees its key in this statement, also those that will run after others.
 
-        *resumed*: the same statement runs again after a connection error left unknown
-        whether it committed. A finish then also matches a job already processed in that
-        attempt, and a start a job *worker* already started in it (either is its own
-        doing: only the worker that started an attempt finishes it), without changing
-        either again.
+        *resumed*: the same statement (with the same *token*) runs again after a
+        connection error left unknown whether it committed. A finish then also matches
+        a job already processed under its token, and a start a job already started
+        with *token* (either is its own doing), without changing either again.
 
         Run on its own (not inside a transaction of the caller's), the statement commits
         without waiting for the log flush (:attr:`Dialect.no_flush_wait`): a server crash
@@ -477,12 +500,14 @@ class JobTable:
         less; any later synchronous commit (a dispatch, the job's own writes) makes it
         durable.
         """
+        if starts and not token:
+            raise ValueError("Starting jobs takes a fresh token (new_token()).")
         expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
         now = self.now
         flush = "" if self.connection.in_atomic_block else self.dialect.no_flush_wait
         # An empty list stands as one NULL id, which matches no row.
         none: list[tuple[int | None, int | None]] = [(None, None)]
-        finish_pairs = [(pk, attempt) for pk, attempt, _ in finishes] or none
+        finish_pairs = [(pk, fence) for pk, fence, _ in finishes] or none
         start_pairs = list(starts) or none
         finish_ids = [pk for pk, _ in finish_pairs]
         done = f"id IN ({_placeholders(len(finish_ids))})"
@@ -506,7 +531,7 @@ class JobTable:
         starting, start_params = "started_at IS NULL", []
         if resumed:
             finishing, fence_params = "state IN (%s, %s)", [RUNNING, PROCESSED]
-            starting, start_params = "(started_at IS NULL OR worker = %s)", [worker]
+            starting, start_params = "(started_at IS NULL OR token = %s)", [token]
         # The conditions sit inside a CASE so that the planner finds the rows by primary
         # key: a plain "state = 'running'" lets it pick the partial index of running
         # jobs and walk all of them.
@@ -518,10 +543,11 @@ class JobTable:
             f"last_error = CASE WHEN {done} THEN '' ELSE last_error END, "
             f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
             f"started_at = CASE WHEN {done} THEN started_at ELSE COALESCE(started_at, {now}) END, "
+            f"token = CASE WHEN {done} THEN token ELSE %s END, "
             f"worker = CASE WHEN {done} THEN worker ELSE %s END{extra} "
             f"WHERE id IN ({_placeholders(len(finish_pairs) + len(start_pairs))}) "
-            f"AND CASE WHEN {done} THEN {finishing} AND {_fence(finish_pairs)} "
-            f"ELSE state = %s AND {_fence(start_pairs)} AND {starting} END "
+            f"AND CASE WHEN {done} THEN {finishing} AND {_fence(finish_pairs, 'token')} "
+            f"ELSE state = %s AND {_fence(start_pairs, 'attempt')} AND {starting} END "
             f"RETURNING id{flush}"
         )
         params = [
@@ -532,6 +558,8 @@ class JobTable:
             *finish_ids,
             *expiry_params,
             *finish_ids,
+            *finish_ids,
+            token,
             *finish_ids,
             worker,
             *extra_params,
@@ -551,7 +579,7 @@ class JobTable:
         )
 
     def renew(self, jobs: Sequence[tuple[int, int]]) -> set[int]:
-        """Extend the leases of running jobs, (id, attempt) pairs, by ``lease_seconds``
+        """Extend the leases of running jobs, (id, token) pairs, by ``lease_seconds``
         from now; return the ids still ours (the others' lease is lost)."""
         if not jobs:
             return set()
@@ -559,7 +587,7 @@ class JobTable:
         rows = self._rows(
             f"UPDATE {self.table} SET lease_expires_at = {expiry} "
             f"WHERE id IN ({_placeholders(len(jobs))}) "
-            f"AND CASE WHEN id IS NOT NULL THEN state = %s AND {_fence(jobs)} END "
+            f"AND CASE WHEN id IS NOT NULL THEN state = %s AND {_fence(jobs, 'token')} END "
             "RETURNING id",
             [
                 *expiry_params,
@@ -575,7 +603,7 @@ def _placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
-def _fence(jobs: Sequence[tuple[Any, Any]]) -> str:
-    """SQL true for a row whose id and attempt are one of *jobs*, (id, attempt) pairs
-    (the parameters follow in that order)."""
-    return f"CASE id {' '.join(['WHEN %s THEN attempt = %s'] * len(jobs))} ELSE FALSE END"
+def _fence(jobs: Sequence[tuple[Any, Any]], column: str) -> str:
+    """SQL true for a row whose id and *column* (``attempt`` or ``token``) are one of
+    *jobs*, (id, value) pairs (the parameters follow in that order)."""
+    return f"CASE id {' '.join([f'WHEN %s THEN {column} = %s'] * len(jobs))} ELSE FALSE END"

@@ -8,6 +8,11 @@ A kind's rows are its jobs. The state machine::
     running --perform() returned--> processed
     running --perform() raised--> pending (process_after = now + backoff)  … or failed
     running --lease expired--> pending (rescued by dispatch, the attempt counted) … or failed
+    running in a group of several --lease expired--> pending (attempt not counted, alone next)
+
+Every start gives the job a fresh fencing ``token`` (the jobs one statement starts share
+it): a worker's finish, heartbeat and failure match the token, not the attempt, since a
+job handed back uncounted runs the same attempt number again.
 
 A dispatched job that no worker started yet is shown as *dispatched* (:data:`STAGES`):
 it still holds its unique key.
@@ -81,6 +86,7 @@ BOOKKEEPING_FIELDS = (
     "id",
     "state",
     "attempt",
+    "token",
     "process_after",
     "lease_expires_at",
     "created_at",
@@ -118,7 +124,14 @@ class UniqueJob(models.Model):
         max_length=16, choices=JobState.choices, default=JobState.PENDING, editable=False
     )
     attempt = models.PositiveIntegerField(
-        default=0, editable=False, help_text="Attempts started so far; the fencing token."
+        default=0, editable=False, help_text="Attempts started so far."
+    )
+    token = models.BigIntegerField(
+        default=0,
+        db_default=0,
+        editable=False,
+        help_text="The fencing token of the job's last start: fresh on every start, shared "
+        "by the jobs one statement started.",
     )
     process_after = models.DateTimeField(
         db_default=Now(), help_text="Not started before this time (database clock)."

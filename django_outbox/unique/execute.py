@@ -1,15 +1,24 @@
 """Execute: run the attempts of a dispatched chunk of jobs, each under its own lease.
 
 The django-q2 task carries a chunk: the ids of its jobs and the attempt number dispatch
-gave each. The jobs run one after another. The attempt is each job's fencing token:
-taking the lease, heartbeating, finishing and recording a failure all match only a job
-still ``running`` that attempt, so a worker that lost its lease (a rescue after it
-stalled, a duplicate delivery) changes nothing. Every time is the database's.
+gave each. Starting a job matches that attempt (and ``started_at`` NULL: a second
+delivery starts nothing) and gives the job a fresh fencing *token*
+(:func:`~django_outbox.db.unique.new_token`, shared by the jobs one statement starts).
+Heartbeating, finishing and recording a failure all match only a job still ``running``
+under that token, so a worker that lost its lease (a rescue after it stalled, a
+duplicate delivery) changes nothing, even when the job runs the same attempt number
+again. Every time is the database's.
 
-A job of a chunk that has not started yet (``started_at`` is NULL) has not used its
-attempt: when its lease expires (its worker died on an earlier job of the chunk) or its
-chunk hands it back (:func:`give_back`), it returns to pending with the attempt not
-counted. Only the job that was running loses an attempt.
+The jobs run one after another, ``jobs_per_statement`` of them (a *group*) started by
+one statement. A job of a chunk that has not started yet (``started_at`` is NULL) has
+not used its attempt: when its lease expires (its worker died on an earlier job of the
+chunk) or its chunk hands it back (:func:`give_back`), it returns to pending with the
+attempt not counted. When a worker dies with a group started, the database cannot tell
+which of the group's jobs was running (no statement marks the start of each
+``perform()``: that would cost a statement per job): the rescue hands all of them back
+with the attempt not counted, and each then runs in a group of its own, where the job
+that crashes its worker again loses that attempt (:func:`rescue_expired`). Only the job
+that was running ever loses an attempt.
 
 A database that goes away for a while (a restart, a failover, a dropped connection)
 costs a chunk nothing: its statements wait for the database to answer again, as the
@@ -25,6 +34,7 @@ import itertools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
@@ -41,7 +51,7 @@ from django_outbox.db.transient import (
     is_transient,
     outlast_outage,
 )
-from django_outbox.db.unique import JobTable
+from django_outbox.db.unique import JobTable, new_token
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.jsondata import dumps
 from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
@@ -59,7 +69,13 @@ LEASE_EXPIRED = (
     "The lease of attempt {attempt} expired: its worker died, stalled, or was stopped by "
     "the django-q2 timeout. Call heartbeat() more often than lease_seconds in long jobs."
 )
-#: How :data:`LEASE_EXPIRED` begins (see :func:`_next_group`).
+GROUP_LEASE_EXPIRED = (
+    "The lease of attempt {attempt} expired in a group of {size} jobs started together: "
+    "their worker died, stalled, or was stopped by the django-q2 timeout while running "
+    "one of them, and which one is not known. The attempt is not counted; the job runs "
+    "again in a group of its own, where a crash counts."
+)
+#: How :data:`LEASE_EXPIRED` and :data:`GROUP_LEASE_EXPIRED` begin (see :func:`_next_group`).
 LEASE_EXPIRED_START = LEASE_EXPIRED.split("{", 1)[0]
 SUPERSEDED_NOTE = (
     "Not retried: job #{twin} with the same unique fields was enqueued meanwhile and has "
@@ -79,9 +95,12 @@ class JobOutcome(enum.StrEnum):
 
 
 def leases(model: type[UniqueJob]) -> LeaseTable:
-    """The lease engine over the kind's table."""
+    """The lease engine over the kind's table, fenced by the jobs' tokens."""
     return LeaseTable(
-        model, what=model._meta.label, lease_seconds=kind_options(model).lease_seconds
+        model,
+        what=model._meta.label,
+        lease_seconds=kind_options(model).lease_seconds,
+        fence="token",
     )
 
 
@@ -90,17 +109,17 @@ def policy(model: type[UniqueJob]) -> RetryPolicy:
     return RetryPolicy(options.max_attempts, options.backoff_seconds, options.backoff_max_seconds)
 
 
-def fenced(model: type[UniqueJob], job_id: int, attempt: int) -> QuerySet:
-    """The job, only while it is running the given attempt."""
-    return leases(model).fenced(job_id, attempt)
+def fenced(model: type[UniqueJob], job_id: int, token: int) -> QuerySet:
+    """The job, only while it is running under the given token."""
+    return leases(model).fenced(job_id, token)
 
 
 class Heartbeat:
     """Passed to ``perform()``: call it to extend the lease; it raises when the lease is lost.
 
-    With ``jobs_per_statement`` > 1 it also extends the leases of the jobs started with
-    this one (*mates*) that are still the worker's, so that a long job does not let them
-    expire while they wait for their turn or for their success to be recorded.
+    It also extends the leases of the jobs started with this one (*mates*, (id, token)
+    pairs) that are still the worker's, so that a long job does not let them expire
+    while they wait for their turn or for their success to be recorded.
     """
 
     def __init__(
@@ -108,29 +127,35 @@ class Heartbeat:
         model: type[UniqueJob],
         job_id: int,
         attempt: int,
+        token: int,
         mates: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.model = model
         self.job_id = job_id
         self.attempt = attempt
+        self.token = token
         self.mates = mates
         self.renewed_at: float | None = None  # when a call last extended the leases
 
     def __call__(self) -> None:
         """Extend the lease by ``lease_seconds`` from now; raise :class:`LeaseLost` if gone."""
-        leases(self.model).heartbeat(self.job_id, self.attempt)
+        table = leases(self.model)
+        if not table.update(self.job_id, self.token, lease_expires_at=Now() + table.lease):
+            raise table.lost(self.job_id, self.attempt)
         if self.mates:
             JobTable(self.model).renew(self.mates)
         self.renewed_at = time.monotonic()
 
 
-def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> bool:
-    """Start attempt *attempt* of a dispatched job: renew its lease, stamp the start.
+def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> int | None:
+    """Start attempt *attempt* of a dispatched job: renew its lease, stamp the start;
+    return the job's new fencing token (None: not started).
 
     Fenced by the attempt and by ``started_at IS NULL``, so a second delivery of the same
     django-q2 task (or a task of a lost attempt) takes nothing.
     """
-    return JobTable(model).step(None, (job_id, attempt), worker)[1]
+    token = new_token()
+    return token if JobTable(model).step(None, (job_id, attempt), worker, token=token)[1] else None
 
 
 def execute_job(label: str, job_id: int, attempt: int) -> JobOutcome:
@@ -144,7 +169,7 @@ def execute_chunk(
     """Run a chunk's jobs, (id, attempt) pairs, one after another; always returns.
 
     Each job is performed and its outcome recorded on its own. The statements are
-    shared: one starts the next ``jobs_per_statement`` jobs (1 by default) and marks the
+    shared: one starts the next ``jobs_per_statement`` jobs (8 by default) and marks the
     previous ones that succeeded processed (:meth:`JobTable.steps`); a failure is
     recorded at once. The chunk's rows are read once. Once the monotonic *deadline* has
     passed, the jobs not started yet are handed back (:func:`give_back`) for dispatch to
@@ -182,13 +207,14 @@ class _ChunkRun:
         #: In the chunk's order; None: performed, not recorded yet (see :attr:`done`).
         self.outcomes: list[JobOutcome | None] = []
         #: Of the jobs performed, marked processed by the next statement: outcome slot ->
-        #: (id, attempt, result).
+        #: (id, token, result).
         self.done: dict[int, tuple[int, int, object]] = {}
         #: ``chunk[:started]`` went through a statement that started them (or handed
         #: them back); the others are not started.
         self.started = 0
         self.handed_back = 0  # at the deadline
-        self.ours: list[tuple[int, int]] = []  # the jobs of the group still this worker's
+        #: The jobs of the group still this worker's: (id, token) pairs.
+        self.ours: list[tuple[int, int]] = []
         self.renewed = 0.0  # when the group's leases were last extended (monotonic)
 
     def run(self) -> None:
@@ -204,15 +230,14 @@ class _ChunkRun:
                 self.started = len(chunk)
                 break
             group = _next_group(chunk, self.started, table.options.jobs_per_statement, self.rows)
-            finished, started = self._steps(group)
+            token = new_token()
+            finished, started = self._steps(group, token)
             self.started += len(group)
             self.renewed = time.monotonic()  # the group's leases were extended just now
-            self.ours = [
-                (pk, attempt) for pk, attempt in group if pk in started and pk in self.rows
-            ]
+            self.ours = [(pk, token) for pk, _ in group if pk in started and pk in self.rows]
             self._record_done(finished)
             for job_id, attempt in group:
-                if (job_id, attempt) not in self.ours:
+                if (job_id, token) not in self.ours:
                     logger.info(
                         "%s #%s attempt %s is not ours to run; skipped.",
                         self.label,
@@ -232,18 +257,18 @@ class _ChunkRun:
                     )
                     self.outcomes.append(JobOutcome.LEASE_LOST)
                 else:
-                    self._perform(self.rows[job_id], attempt)
+                    self._perform(self.rows[job_id], attempt, token)
         if self.done:
-            self._record_done(self._steps([])[0])
+            self._record_done(self._steps([], 0)[0])
 
-    def _perform(self, job: UniqueJob, attempt: int) -> None:
-        """Perform *job* (attempt *attempt*) and record a failure; a success is recorded
-        by the next statement (:attr:`done`)."""
+    def _perform(self, job: UniqueJob, attempt: int, token: int) -> None:
+        """Perform *job* (attempt *attempt*, under *token*) and record a failure; a
+        success is recorded by the next statement (:attr:`done`)."""
         job_id, alias = job.pk, self.table.alias
-        job.attempt = attempt
+        job.attempt, job.token = attempt, token
         for rerun in range(OUTAGE_RERUNS + 1):
-            mates = [pair for pair in self.ours if pair != (job_id, attempt)]
-            beat = Heartbeat(self.model, job_id, attempt, mates)
+            mates = [pair for pair in self.ours if pair != (job_id, token)]
+            beat = Heartbeat(self.model, job_id, attempt, token, mates)
             try:
                 result = stored_result(self.table, job.perform(beat))
             except LeaseLost:
@@ -275,15 +300,17 @@ class _ChunkRun:
                     return
                 error, permanent = describe(exc), isinstance(exc, PermanentFailure)
                 self.outcomes.append(
-                    retry_or_fail(self.model, job_id, attempt, error, permanent=permanent)
+                    retry_or_fail(
+                        self.model, job_id, attempt, error, token=token, permanent=permanent
+                    )
                 )
             else:
-                self.done[len(self.outcomes)] = (job_id, attempt, result)
+                self.done[len(self.outcomes)] = (job_id, token, result)
                 self.outcomes.append(None)
                 return
             finally:
                 self.renewed = max(self.renewed, beat.renewed_at or self.renewed)
-            self.ours.remove((job_id, attempt))
+            self.ours.remove((job_id, token))
             return
 
     def _still_ours(self, job_id: int) -> bool:
@@ -294,22 +321,22 @@ class _ChunkRun:
         self.ours = [pair for pair in self.ours if pair[0] in kept]
         return job_id in kept
 
-    def _steps(self, starts: Sequence[tuple[int, int]]) -> tuple[set[int], set[int]]:
-        """:meth:`JobTable.steps`: record the jobs :attr:`done`, start *starts*; when the
-        database went away meanwhile, again once it answers (*resumed*: the first try
-        may have committed)."""
+    def _steps(self, starts: Sequence[tuple[int, int]], token: int) -> tuple[set[int], set[int]]:
+        """:meth:`JobTable.steps`: record the jobs :attr:`done`, start *starts* under
+        *token*; when the database went away meanwhile, again once it answers
+        (*resumed*: the first try may have committed)."""
         finishes, tries = list(self.done.values()), itertools.count()
 
         def step() -> tuple[set[int], set[int]]:
             resumed = next(tries) > 0
-            return self.table.steps(finishes, starts, self.worker, resumed=resumed)
+            return self.table.steps(finishes, starts, self.worker, token=token, resumed=resumed)
 
         return self._outlasting(step, "a step")
 
     def _record_done(self, finished: set[int]) -> None:
-        for at, (pk, attempt, _) in self.done.items():
+        for at, (pk, token, _) in self.done.items():
             self.outcomes[at] = (
-                JobOutcome.PROCESSED if pk in finished else _late(self.model, pk, attempt)
+                JobOutcome.PROCESSED if pk in finished else _late(self.model, pk, token)
             )
         self.done.clear()
 
@@ -436,18 +463,18 @@ def give_back(
     return returned
 
 
-def finish(model: type[UniqueJob], job_id: int, attempt: int) -> JobOutcome:
-    """Mark the job processed, fenced by its attempt."""
-    finished, _ = JobTable(model).step((job_id, attempt), None, "")
-    return JobOutcome.PROCESSED if finished else _late(model, job_id, attempt)
+def finish(model: type[UniqueJob], job_id: int, token: int) -> JobOutcome:
+    """Mark the job processed, fenced by its token."""
+    finished, _ = JobTable(model).step((job_id, token), None, "")
+    return JobOutcome.PROCESSED if finished else _late(model, job_id, token)
 
 
-def _late(model: type[UniqueJob], job_id: int, attempt: int) -> JobOutcome:
+def _late(model: type[UniqueJob], job_id: int, token: int) -> JobOutcome:
     logger.warning(
-        "%s #%s finished attempt %s after losing its lease; not marked processed.",
+        "%s #%s finished its run (token %s) after losing its lease; not marked processed.",
         model._meta.label,
         job_id,
-        attempt,
+        token,
     )
     return JobOutcome.LEASE_LOST
 
@@ -458,15 +485,19 @@ def retry_or_fail(
     attempt: int,
     error: str,
     *,
+    token: int,
     delay: float | None = None,
     permanent: bool = False,
+    counted: bool = True,
 ) -> JobOutcome:
     """Record a failed or lost attempt: back to pending after a backoff, or failed.
 
-    Failed when *permanent* or when it was the last attempt. A job whose key got a new
-    job while it ran cannot go back to pending (the unique index holds one job per key
-    not started): it is failed with a note naming the new job, which does the same
-    work. *delay* overrides the backoff (0 for a rescued job).
+    Fenced by the run's *token*. Failed when *permanent* or when it was the last attempt.
+    A job whose key got a new job while it ran cannot go back to pending (the unique
+    index holds one job per key not started): it is failed with a note naming the new
+    job, which does the same work. *delay* overrides the backoff (0 for a rescued job).
+    Not *counted*, the attempt goes back unspent (``attempt - 1``: the next dispatch
+    runs the same attempt number again) and never exhausts the job.
     """
     table, retry = leases(model), policy(model)
     alias = table.alias
@@ -474,10 +505,11 @@ def retry_or_fail(
 
     def failure_transaction() -> JobOutcome:
         with transaction.atomic(using=alias):
-            job = table.fenced(job_id, attempt)
-            if retry.exhausted(attempt, permanent=permanent):
+            job = table.fenced(job_id, token)
+            if counted and retry.exhausted(attempt, permanent=permanent):
                 return _fail(job, error)
             wait = retry.retry_in(attempt) if delay is None else delay
+            unspent = {} if counted else {"attempt": F("attempt") - 1, "worker": ""}
             try:
                 with transaction.atomic(using=alias):
                     retried = job.update(
@@ -485,6 +517,7 @@ def retry_or_fail(
                         process_after=Now() + timedelta(seconds=wait) if wait else Now(),
                         lease_expires_at=None,
                         last_error=error,
+                        **unspent,
                     )
             except IntegrityError:
                 twin = _unstarted_twin(model, job_id, alias)
@@ -530,22 +563,42 @@ def _unstarted_twin(model: type[UniqueJob], job_id: int, alias: str) -> int | No
 def rescue_expired(model: type[UniqueJob], limit: int) -> tuple[int, int]:
     """Give jobs whose lease expired back to pending, or fail them on their last attempt.
 
-    Runs inside the dispatch transaction. The lost attempt of a job that had started
+    Runs inside the dispatch transaction. The lost attempt of a job that ran alone in its
+    group (the only one its statement started, or the only one of them still running)
     counts: a job that keeps killing its worker ends up failed after ``max_attempts``.
-    A job that was waiting in its chunk, not started, goes back with its attempt not
-    counted (:func:`give_back`). Returns (rescued, exhausted).
+    The jobs of a group of several, started together under one token, go back with
+    their attempt not counted: the database cannot tell which of them was running, so
+    none is charged, and each then runs in a group of its own (:func:`_next_group`),
+    where a crash counts. A job that was waiting in its chunk, not started, goes back
+    with its attempt not counted (:func:`give_back`). Returns (rescued, exhausted).
     """
+    table = leases(model)
+    rows = table.expired(limit, fields=("started_at", "token"))
+    started = [row for row in rows if row["started_at"] is not None]
+    tokens = {row["token"] for row in started}
+    if tokens:
+        # The rest of each crashed group (their leases expired together), beyond *limit*.
+        seen = {row["pk"] for row in rows}
+        started += [
+            row
+            for row in table.expired(limit, fields=("started_at", "token"), token__in=tokens)
+            if row["pk"] not in seen and row["started_at"] is not None
+        ]
+    groups = Counter(row["token"] for row in started)
     rescued = exhausted = 0
-    unstarted = []
-    for row in leases(model).expired(limit, fields=("started_at",)):
-        pk, attempt = row["pk"], row["attempt"]
-        if row["started_at"] is None:
-            unstarted.append((pk, attempt))
-            continue
-        outcome = retry_or_fail(model, pk, attempt, LEASE_EXPIRED.format(attempt=attempt), delay=0)
+    for row in started:
+        pk, attempt, token = row["pk"], row["attempt"], row["token"]
+        size = groups[token]
+        if size > 1:
+            error = GROUP_LEASE_EXPIRED.format(attempt=attempt, size=size)
+            outcome = retry_or_fail(model, pk, attempt, error, token=token, delay=0, counted=False)
+        else:
+            error = LEASE_EXPIRED.format(attempt=attempt)
+            outcome = retry_or_fail(model, pk, attempt, error, token=token, delay=0)
         if outcome is JobOutcome.RETRYING:
             rescued += 1
         elif outcome in (JobOutcome.FAILED, JobOutcome.SUPERSEDED):
             exhausted += 1
+    unstarted = [(row["pk"], row["attempt"]) for row in rows if row["started_at"] is None]
     rescued += give_back(model, unstarted, why="died, stalled or lost the task before starting it")
     return rescued, exhausted

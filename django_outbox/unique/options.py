@@ -44,7 +44,7 @@ OPTIONS = OptionTable(
     Option("backoff_max_seconds", 3600, POSITIVE_NUMBER, "E076"),  # at least the base
     Option("concurrency", 10, POSITIVE_INT, "E075"),
     Option("chunk_size", 50, POSITIVE_INT, "E075"),
-    Option("jobs_per_statement", 1, POSITIVE_INT, "E075"),
+    Option("jobs_per_statement", 8, POSITIVE_INT, "E075"),
     Option("priority_field", None),  # an integer field of the model, or None: E080
     Option("result_field", None),  # a nullable JSONField of the model, or None: E081
     Option("workers_field", None),  # a TextField of the model, or None: E082
@@ -69,8 +69,10 @@ class KindOptions:
     with another job nor waits for one. ``result_field`` stores what ``perform()``
     returned (JSON), written by the statement that marks the job processed;
     ``workers_field`` collects the worker of every attempt, one per line.
-    ``jobs_per_statement`` > 1 lets a chunk start that many jobs in one statement and
-    record their successes with the next (a crash then costs each of them an attempt).
+    ``jobs_per_statement`` (8 by default) lets a chunk start that many jobs in one
+    statement and record their successes with the next; a crash costs none of them an
+    attempt (the database cannot tell which one was running), and each then runs alone,
+    where a crash counts.
     """
 
     unique_fields: tuple[str, ...]

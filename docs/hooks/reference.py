@@ -144,9 +144,11 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "perform at once, usually fewer)",
     ("kind", "chunk_size"): "most jobs in one django-q2 task; dispatch makes chunks of "
     "`min(chunk_size, ceil(concurrency / workers))`",
-    ("kind", "jobs_per_statement"): "jobs of a chunk started by one statement, whose "
-    "successes the next one records: fewer statements for short jobs, at a price on crashes "
-    "(every job started with the one running loses an attempt). The group's leases run "
+    ("kind", "jobs_per_statement"): "jobs of a chunk started by one statement (a group), "
+    "whose successes the next one records: fewer statements for short jobs. A crash costs "
+    "none of a group's jobs an attempt (which one was running is not known): each runs "
+    "again alone, where a crash counts. 1 records each job before the next starts. The "
+    "group's leases run "
     "from its statement: a job that waited in its group for a third of `lease_seconds` has "
     "them checked and extended first; a heartbeat extends the leases of the jobs started "
     "with its own",
