@@ -28,6 +28,7 @@ from django_outbox.options import (
     CLUSTER,
     MODULE_LIST,
     OPTIONAL_POSITIVE_INT,
+    OPTIONAL_POSITIVE_NUMBER,
     POSITIVE_INT,
     TOKEN,
     Option,
@@ -84,6 +85,14 @@ STREAM_OPTIONS = OptionTable(
     Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
     Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
     Option("AUTO_HEARTBEAT", True, BOOL, "E031"),  # keep a long handler's lease alive
+    Option(
+        "CALLS_PER_SECOND",
+        None,
+        OPTIONAL_POSITIVE_NUMBER,
+        "E060",
+        hint="Remove it for no budget, or give the most handler calls a second the service "
+        "accepts, for example 20 (0.5: one call every 2 seconds).",
+    ),
     Option(
         "ARCHIVE_RETENTION_DAYS",
         None,
@@ -191,6 +200,7 @@ class StreamConfig:
     isolate_failures: bool = True
     handoff_seconds: int = 30
     auto_heartbeat: bool = True
+    calls_per_second: float | None = None
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:

@@ -18,6 +18,8 @@ class StreamState(models.Model):
     ``claim_floor`` is where claims of the stream start in the buffer's id order on a
     database that keeps dead index entries (PostgreSQL; see
     :mod:`django_outbox.claim_floor`): every row at or below it is claimed.
+    ``next_call_at``, ``paused_until`` and ``budget_calls`` are the stream's rate budget
+    and pause (see :mod:`django_outbox.budget`).
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -38,6 +40,25 @@ class StreamState(models.Model):
         editable=False,
         help_text="Every buffer row of the stream with an id up to this one is claimed: "
         "claims start above it.",
+    )
+    next_call_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The rate budget: no handler call of the stream starts before this time "
+        "(its CALLS_PER_SECOND, or a pause a handler asked for).",
+    )
+    paused_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="A handler raised RetryAfter: no handler call of the stream starts "
+        "before this time.",
+    )
+    budget_calls = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Handler calls made under the stream's CALLS_PER_SECOND, since the start.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 
