@@ -24,11 +24,18 @@ from django.urls import reverse
 from django_outbox import RetryAfter, publish, publish_many
 from django_outbox.attempt import ProcessOutcome
 from django_outbox.db import database_now
+from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.runs import claim_group, run
 from django_outbox.status import stream_status
 from tests.conftest import InlineRunner, publish_unwoken
-from tests.procs import running, wait_until
+from tests.procs import (
+    fail_on_queue_failures,
+    log_problems,
+    qcluster,
+    running,
+    wait_until,
+)
 from tests.testapp.models import HandledCall, JobEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -270,3 +277,38 @@ def test_the_pause_and_the_budget_show_in_status_metrics_and_admin(handler_mode,
             reverse("admin:django_outbox_streamstate_change", args=["audit"])
         ).content.decode()
         assert "Paused until" in detail and "Next call at" in detail
+
+
+@pytest.mark.process
+def test_two_clusters_keep_one_budget(tmp_path):
+    """Two real qclusters (2 workers each) share the stream's 10 calls a second."""
+    env = {"OUTBOX_TEST_PACED": "1"}
+    with (
+        qcluster("paced-a", log=tmp_path / "a.log", OUTBOX_TEST_CLUSTER_LABEL="a", **env) as a,
+        qcluster("paced-b", log=tmp_path / "b.log", OUTBOX_TEST_CLUSTER_LABEL="b", **env) as b,
+        streams(paced=PACED),
+    ):
+        # Both clusters take jobs before the clock starts: a slow start gives no slack.
+        wait_until(lambda: all(" running." in log(p) for p in (a, b)), 60, watch=[a, b])
+        start = database_now().timestamp()
+        for n in range(0, 50, 5):
+            publish_many("paced", [{"n": n + i} for i in range(5)])  # each commit wakes
+
+        def delivered() -> bool:
+            distribute("paced")  # plays the schedule: groups handed back are due again
+            return ArchivedEvent.objects.filter(stream="paced").count() >= 50
+
+        wait_until(
+            delivered,
+            timeout=120,
+            interval=0.5,
+            describe=lambda: stream_status("paced"),
+            watch=[a, b],
+            check=fail_on_queue_failures,
+        )
+    assert log_problems(a) == [] and log_problems(b) == []
+    times = call_times()
+    assert len(times) == 50
+    assert_within_budget(times, start, PACED["CALLS_PER_SECOND"])
+    clusters = [value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)]
+    assert set(clusters) == {"a", "b"}, clusters  # both clusters made calls
