@@ -11,6 +11,7 @@ with an activated venv can do the same without dev.py (CONTRIBUTING.md)::
     python3 dev.py tox  [args...]   # tox, with pyenv's python3.12/3.13 made visible
     python3 dev.py bench [args...]  # tests/pg.py run -- python -m benchmarks.run (PostgreSQL)
     python3 dev.py bench soak ...   # the same with benchmarks.soak, on a server with autovacuum
+    python3 dev.py bench budget pace|latency  # benchmarks.budget: the rate budget
     python3 dev.py bench tasks [N]  # tox -e bench-tasks -- N (Django 6, Python 3.13)
 
 PostgreSQL is chosen by ``tests/pg.py`` (pytest's ``--postgres`` uses the same): the server
@@ -280,6 +281,8 @@ def cmd_bench(bench_args: list[str]) -> int:
         # With --held-snapshot nothing can be vacuumed anyway: any server does.
         vacuum = [] if "--held-snapshot" in bench_args else ["--autovacuum"]
         return run([*pg, *vacuum, "--", PYTHON, "-m", "benchmarks.soak", *bench_args[1:]])
+    if bench_args[:1] == ["budget"]:  # python3 dev.py bench budget {pace,latency} ...
+        return run([*pg, "--", PYTHON, "-m", "benchmarks.budget", *bench_args[1:]])
     return run([*pg, "--", PYTHON, "-m", "benchmarks.run", *bench_args])
 
 
