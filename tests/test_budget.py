@@ -312,3 +312,24 @@ def test_two_clusters_keep_one_budget(tmp_path):
     assert_within_budget(times, start, PACED["CALLS_PER_SECOND"])
     clusters = [value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)]
     assert set(clusters) == {"a", "b"}, clusters  # both clusters made calls
+
+
+def test_the_guides_handler_pauses_its_stream_on_a_429():
+    from tests.docs_examples import rate_limits
+
+    rate_limits.crm.answers[:] = [429]
+    rate_limits.crm.bodies.clear()
+    crm_stream = {"HANDLER": "tests.docs_examples.rate_limits.sync_contacts", "BATCH_SIZE": 5}
+    runner = InlineRunner()
+    with streams(crm=crm_stream), runner.capturing():
+        publish_many("crm", [{"email": f"{n}@example.com"} for n in range(5)])
+    with streams(crm=crm_stream):
+        runner.drain()
+        assert len(rate_limits.crm.bodies) == 1
+        group = OutboxGroup.objects.get(stream="crm")
+        assert (group.state, group.attempt) == (GroupState.RETRYING, 0)
+        assert stream_status("crm").pause_seconds > 19
+        pass_the_pause("crm")
+        runner.distribute("crm")  # the answer is 200 now
+    assert ArchivedEvent.objects.filter(stream="crm").count() == 5
+    assert len(rate_limits.crm.bodies) == 2
