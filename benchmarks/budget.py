@@ -6,10 +6,11 @@ batches of 10, ``CALLS_PER_SECOND`` 20). After a warm-up, the handler calls of a
 of ``--seconds`` are counted twice: by the stream's budget counter (``budget_calls``)
 and by the groups archived per second, both in the database's clock.
 
-``python3 dev.py bench budget latency`` — the latency benchmark's trickle (300 events a
-second, one row per commit, the ``orders`` stream with its defaults, one qcluster), in
-pairs: without a budget, then with a budget it never reaches (``CALLS_PER_SECOND``
-10,000), so the budget's own cost shows in the commit-to-archive latency.
+``python3 dev.py bench budget latency`` — the latency benchmark's trickle (``--rate``,
+300 events a second by default, one row per commit, the ``orders`` stream with its
+defaults, one qcluster), in pairs: without a budget, then with a budget it never
+reaches (``CALLS_PER_SECOND`` 10,000), so the budget's own cost shows in the
+commit-to-archive latency.
 
 Both print JSON.
 """
@@ -118,7 +119,7 @@ def pace(clusters: int, seconds: float, warmup: float) -> dict[str, Any]:
     }
 
 
-def latency_pairs(pairs: int, seconds: float) -> dict[str, Any]:
+def latency_pairs(pairs: int, seconds: float, rate: float) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"no_budget": [], "unreached_budget": []}
     for _ in range(pairs):
         for name, budget in (("no_budget", ""), ("unreached_budget", UNREACHED)):
@@ -126,7 +127,7 @@ def latency_pairs(pairs: int, seconds: float) -> dict[str, Any]:
             os.environ["BENCH_ORDERS_CALLS_PER_SECOND"] = budget
             reset()
             with cluster(BENCH_ORDERS_CALLS_PER_SECOND=budget):
-                runs[name].append(latency.steady_latency(300, 1, seconds))
+                runs[name].append(latency.steady_latency(rate, 1, seconds))
     os.environ.pop("BENCH_ORDERS_CALLS_PER_SECOND", None)
 
     def median(name: str, key: str) -> float:
@@ -134,7 +135,7 @@ def latency_pairs(pairs: int, seconds: float) -> dict[str, Any]:
 
     keys = ("p50_s", "p95_s", "p99_s", "max_s")
     return {
-        "events_per_s": 300,
+        "events_per_s": rate,
         "seconds": seconds,
         "pairs": pairs,
         "unreached_budget_calls_per_s": int(UNREACHED),
@@ -153,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     paired = sub.add_parser("latency", help="latency with and without an unreached budget")
     paired.add_argument("--pairs", type=int, default=3)
     paired.add_argument("--seconds", type=float, default=30.0, help="each latency run")
+    paired.add_argument("--rate", type=float, default=300.0, help="events (commits) a second")
     args = parser.parse_args(argv)
     call_command("migrate", verbosity=0)
     if args.what == "pace":
         report = pace(args.clusters, args.seconds, args.warmup)
     else:
-        report = latency_pairs(args.pairs, args.seconds)
+        report = latency_pairs(args.pairs, args.seconds, args.rate)
     print(json.dumps(report))
     return 0
 
