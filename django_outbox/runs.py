@@ -37,9 +37,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models.functions import Now
 
-from django_outbox import budget, claim_floor, transport
+from django_outbox import claim_floor, transport
 from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
 from django_outbox.batch import queued_lease
+from django_outbox.budget import admits
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.base import Claimed
@@ -127,15 +128,15 @@ def claim_group(
     this worker, which processes it next (:func:`django_outbox.attempt.run_attempt`);
     otherwise it is queued and a run job for it is enqueued in the same transaction.
     A paused stream claims nothing, nor one a handler paused or ahead of its rate
-    budget (:func:`django_outbox.budget.admits`). *state* saves reading the state row again; its
-    claim floor (:mod:`django_outbox.claim_floor`) is where the claim starts.
+    budget (:func:`django_outbox.budget.admits`). *state* saves reading the state row
+    again; its claim floor (:mod:`django_outbox.claim_floor`) is where the claim starts.
     """
     config = get_stream(stream)
     if state is None:
         state = StreamState.objects.filter(stream=stream).first()
     if state is not None and state.paused:
         return ClaimResult(stream, None, 0, 0)
-    if not budget.admits(config, state):  # paused by a handler, or ahead of its budget
+    if not admits(config, state):  # paused by a handler, or ahead of its rate budget
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
     floor = state.claim_floor if state is not None else 0
