@@ -44,15 +44,18 @@ from django_outbox.models import GroupState, OutboxGroup, StreamState
 WAIT_SECONDS = 1.0
 
 
-def admits(config: StreamConfig, state: StreamState | None) -> bool:
+def admits(config: StreamConfig, state: StreamState | None, *, calls_next: bool = False) -> bool:
     """Whether a claim of the stream may start now: not paused, not ahead of its budget.
 
     Called before every claim with the state row the caller holds; a stream without a
-    budget and without a pause on that row costs nothing. Otherwise one read of the row,
-    in the database's clock: the stream is held while paused, or while its next call
-    slot is more than half of ``WAIT_SECONDS`` away. A pause that has passed is cleared.
+    pause on that row costs nothing when it has no budget, or when the claimer calls
+    the handler next (*calls_next*: the run loop), whose reservation
+    (:func:`take_slot`) keeps the budget. Otherwise one read of the row, in the
+    database's clock: the stream is held while paused, or while its next call slot is
+    more than half of ``WAIT_SECONDS`` away. A pause that has passed is cleared.
     """
-    if state is None or (config.calls_per_second is None and state.paused_until is None):
+    unbudgeted = config.calls_per_second is None or calls_next
+    if state is None or (unbudgeted and state.paused_until is None):
         return True
     horizon = Now() + timedelta(seconds=WAIT_SECONDS / 2)
     held = Q(paused_until__gt=Now())

@@ -136,7 +136,7 @@ def claim_group(
         state = StreamState.objects.filter(stream=stream).first()
     if state is not None and state.paused:
         return ClaimResult(stream, None, 0, 0)
-    if not admits(config, state):  # paused by a handler, or ahead of its rate budget
+    if not admits(config, state, calls_next=run_here):  # a handler's pause, the budget
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
     floor = state.claim_floor if state is not None else 0
