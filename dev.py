@@ -12,6 +12,7 @@ with an activated venv can do the same without dev.py (CONTRIBUTING.md)::
     python3 dev.py bench [args...]  # tests/pg.py run -- python -m benchmarks.run (PostgreSQL)
     python3 dev.py bench soak ...   # the same with benchmarks.soak, on a server with autovacuum
     python3 dev.py bench ordered ... # the same with benchmarks.ordered (ORDER_KEY against none)
+    python3 dev.py bench budget pace|latency  # benchmarks.budget: the rate budget
     python3 dev.py bench tasks [N]  # tox -e bench-tasks -- N (Django 6, Python 3.13)
     python3 dev.py bench retire ... # benchmarks.retire on a throwaway PostgreSQL (pgserver)
 
@@ -289,6 +290,8 @@ def cmd_bench(bench_args: list[str]) -> int:
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         env["OUTBOX_NO_LOCAL_PG"] = "1"
         return run([*pg, "--", PYTHON, "-m", "benchmarks.retire", *bench_args[1:]], env=env)
+    if bench_args[:1] == ["budget"]:  # python3 dev.py bench budget {pace,latency} ...
+        return run([*pg, "--", PYTHON, "-m", "benchmarks.budget", *bench_args[1:]])
     return run([*pg, "--", PYTHON, "-m", "benchmarks.run", *bench_args])
 
 

@@ -90,6 +90,17 @@ DJANGO_OUTBOX = {
     },
     "STAGING": {"ALLOWED_MODULES": ["benchmarks.tasks"]},
 }
+# The rate budget (benchmarks.budget): a stream held to CALLS_PER_SECOND by every cluster,
+# and the latency stream with a budget it never reaches.
+DJANGO_OUTBOX["STREAMS"]["paced"] = {
+    "HANDLER": "benchmarks.tasks.serialize_batch",
+    "BATCH_SIZE": 10,
+    "CALLS_PER_SECOND": float(os.environ.get("BENCH_CALLS_PER_SECOND", "20")),
+}
+if os.environ.get("BENCH_ORDERS_CALLS_PER_SECOND"):
+    DJANGO_OUTBOX["STREAMS"]["orders"]["CALLS_PER_SECOND"] = float(
+        os.environ["BENCH_ORDERS_CALLS_PER_SECOND"]
+    )
 
 LOGGING = {
     "version": 1,

@@ -18,6 +18,7 @@ __all__ = [
     "OutboxError",
     "PayloadError",
     "PermanentFailure",
+    "RetryAfter",
     "UniqueJob",
     "UnknownStream",
     "publish",
@@ -33,6 +34,7 @@ _LAZY = {
     "OutboxError": "django_outbox.exceptions",
     "PayloadError": "django_outbox.exceptions",
     "PermanentFailure": "django_outbox.exceptions",
+    "RetryAfter": "django_outbox.exceptions",
     "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
     "publish": "django_outbox.publishing",
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
         OutboxError,
         PayloadError,
         PermanentFailure,
+        RetryAfter,
         UnknownStream,
     )
     from django_outbox.models import UniqueJob

@@ -468,12 +468,24 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
 class StreamStateAdmin(admin.ModelAdmin):
     """Runtime switches (operator-written): pause/resume, batch-size override."""
 
-    list_display = ("stream", "paused", "batch_size_override", "wanted", "updated_at")
+    list_display = (
+        "stream",
+        "paused",
+        "batch_size_override",
+        "paused_until",
+        "calls_per_second",
+        "wanted",
+        "updated_at",
+    )
     list_editable = ("batch_size_override",)
     readonly_fields = (
         "stream",
         "paused",
         "wanted",
+        "paused_until",
+        "calls_per_second",
+        "next_call_at",
+        "budget_calls",
         "updated_at",
     )
     fields = ("stream", "paused", "batch_size_override", *readonly_fields[2:])
@@ -483,6 +495,13 @@ class StreamStateAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="calls/s budget")
+    def calls_per_second(self, obj: StreamState) -> str:
+        """The stream's ``CALLS_PER_SECOND`` (settings), or a dash without a budget."""
+        config = outbox_settings().streams.get(obj.stream)
+        budget = config.calls_per_second if config else None
+        return "-" if budget is None else f"{budget:g}"
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

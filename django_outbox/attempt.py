@@ -25,7 +25,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 
-from django_outbox import heartbeat, isolate, ordering
+from django_outbox import budget, heartbeat, isolate, ordering
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
@@ -36,7 +36,7 @@ from django_outbox.db.transient import (
     is_transient,
     outlast_outage,
 )
-from django_outbox.exceptions import LeaseLost, PermanentFailure
+from django_outbox.exceptions import LeaseLost, PermanentFailure, RetryAfter
 from django_outbox.lease import ERROR_LIMIT, clip, describe, worker_identity
 from django_outbox.models import GroupState, OutboxGroup, Outcome
 from django_outbox.signals import (
@@ -62,6 +62,7 @@ class ProcessOutcome(enum.StrEnum):
     SPLIT = "split"  # failed as a whole; split in two halves to isolate the failure
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
+    DEFERRED = "deferred"  # back to the queue, attempt unchanged: a pause or the budget
 
 
 def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
@@ -137,6 +138,10 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
     keeps its exactly-once effects (if its commit went through before the connection
     died, the lease is gone and the second run changes nothing).
     """
+    if config.calls_per_second is not None:
+        deferred = _await_budget(config, group_id, attempt)
+        if deferred is not None:
+            return deferred
     batch = Batch(config, group_id, attempt)
     alias = connection_for(OutboxGroup).alias
     for rerun in range(OUTAGE_RERUNS + 1):
@@ -149,6 +154,8 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         except LeaseLost:
             logger.warning("Lease lost: %s", batch)
             return ProcessOutcome.LEASE_LOST
+        except RetryAfter as exc:
+            return _pause(batch, exc)
         except Exception as exc:
             cause = (exc.__cause__ or exc) if isinstance(exc, _FinalizeFailed) else exc
             outage = is_transient(cause, alias)
@@ -173,12 +180,56 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         return fail_group(batch, f"finalize failed: {describe(exc)}", isolate_rows=False)
 
 
+def _await_budget(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome | None:
+    """Wait for the stream's next call slot (:mod:`django_outbox.budget`); None once the
+    handler may be called, DEFERRED when the group went back to the queue instead."""
+    alias = connection_for(OutboxGroup).alias
+    what = f"group {group_id} of stream {config.name}"
+    until = outlast_outage(
+        partial(budget.take_slot, config),
+        alias,
+        what=f"the rate budget of {what}",
+        wait_seconds=config.outage_seconds,
+    )
+    if until is None:
+        return None
+    try:
+        outlast_outage(
+            partial(budget.defer, config, group_id, attempt, until),
+            alias,
+            what=f"deferring {what}",
+            wait_seconds=config.outage_seconds,
+        )
+    except LeaseLost:
+        logger.warning("Lease lost while deferring %s", what)
+        return ProcessOutcome.LEASE_LOST
+    return ProcessOutcome.DEFERRED
+
+
+def _pause(batch: Batch, exc: RetryAfter) -> ProcessOutcome:
+    """The handler asked to wait: pause the stream, hand the group back (no attempt spent)."""
+    logger.warning("%s: the handler asked to pause the stream: %s", batch, exc)
+    try:
+        outlast_outage(
+            partial(budget.pause, batch.config, batch.group_id, batch.attempt, exc),
+            connection_for(OutboxGroup).alias,
+            what=f"pausing the stream of {batch}",
+            wait_seconds=batch.config.outage_seconds,
+        )
+    except LeaseLost:
+        logger.warning("Lease lost while pausing: %s", batch)
+        return ProcessOutcome.LEASE_LOST
+    return ProcessOutcome.DEFERRED
+
+
 class _FinalizeFailed(Exception):
     """The finalize of a ``TRANSACTIONAL`` attempt failed (its cause is the error)."""
 
 
 def _call_handler(batch: Batch) -> BatchResult | None:
     result = batch.config.handler_func()(batch)
+    if isinstance(result, RetryAfter):
+        raise result
     if result is not None and not isinstance(result, BatchResult):
         raise TypeError(
             f"The handler of stream {batch.stream!r} returned {type(result).__name__}; "

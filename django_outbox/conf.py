@@ -28,6 +28,7 @@ from django_outbox.options import (
     CLUSTER,
     MODULE_LIST,
     OPTIONAL_POSITIVE_INT,
+    OPTIONAL_POSITIVE_NUMBER,
     POSITIVE_INT,
     TOKEN,
     Option,
@@ -95,6 +96,14 @@ STREAM_OPTIONS = OptionTable(
             "'continue': the key's later rows go on.",
         ),
         "E024",
+    ),
+    Option(
+        "CALLS_PER_SECOND",
+        None,
+        OPTIONAL_POSITIVE_NUMBER,
+        "E060",
+        hint="Remove it for no budget, or give the most handler calls a second the service "
+        "accepts, for example 20 (0.5: one call every 2 seconds).",
     ),
     Option(
         "ARCHIVE_RETENTION_DAYS",
@@ -205,6 +214,7 @@ class StreamConfig:
     auto_heartbeat: bool = True
     order_key: str | None = None
     order_after_dead_letter: str = "hold"
+    calls_per_second: float | None = None
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:

@@ -11,6 +11,7 @@ __all__ = [
     "OutboxError",
     "PayloadError",
     "PermanentFailure",
+    "RetryAfter",
     "StagingError",
     "UnknownStream",
     "WrongBufferModel",
@@ -44,6 +45,34 @@ class PermanentFailure(OutboxError):
     The remaining attempts are skipped; the rows are archived as ``failed`` with this
     error (after the stream's ``ON_EXHAUSTED`` hook), ready for ``outbox_replay``.
     """
+
+
+class RetryAfter(OutboxError):
+    """Raise (or return) from a handler when the service asks to wait: a 429, a 503 with
+    ``Retry-After``.
+
+    The whole stream pauses for *seconds*: no handler call of the stream starts before
+    the pause ends. The group goes back to the queue, due when the pause ends, with its
+    attempt unchanged (a pause is not a failure: it spends no attempt and never splits
+    the group). *seconds* is a number of seconds greater than 0 (at most a day).
+    """
+
+    #: The longest pause a handler may ask for.
+    MAX_SECONDS = 86_400.0
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not (0 < seconds <= self.MAX_SECONDS)
+        ):
+            raise ValueError(
+                f"RetryAfter takes a number of seconds greater than 0 and at most "
+                f"{self.MAX_SECONDS:,.0f}, not {seconds!r}."
+            )
+        self.seconds = float(seconds)
+        self.reason = reason
+        super().__init__(f"retry after {self.seconds:g} s" + (f": {reason}" if reason else ""))
 
 
 class LeaseLost(OutboxError):

@@ -38,7 +38,7 @@ class OutboxCollector:
         self.cap = cap
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         started = time.perf_counter()
         backlog = GaugeMetricFamily(
@@ -67,6 +67,22 @@ class OutboxCollector:
             "Keys of an ordered stream held back by a dead letter (bounded count).",
             labels=["stream"],
         )
+        budget = GaugeMetricFamily(
+            "django_outbox_calls_per_second_budget",
+            "The stream's rate budget (CALLS_PER_SECOND); streams without one are not listed.",
+            labels=["stream"],
+        )
+        budget_calls = CounterMetricFamily(
+            "django_outbox_budget_calls",
+            "Handler calls made under the stream's rate budget (rate() is the observed "
+            "calls per second).",
+            labels=["stream"],
+        )
+        pause = GaugeMetricFamily(
+            "django_outbox_stream_pause_seconds",
+            "Seconds left of the pause a handler asked for (RetryAfter); 0 when none.",
+            labels=["stream"],
+        )
         archived = GaugeMetricFamily(
             "django_outbox_archived_last_hour_rows",
             "Rows archived per stream and outcome over the last hour (bounded count).",
@@ -81,9 +97,14 @@ class OutboxCollector:
                 groups.add_metric([stream, state], getattr(status, f"groups_{state}"))
             isolating.add_metric([stream], status.groups_isolating)
             held.add_metric([stream], status.held_keys)
+            pause.add_metric([stream], status.pause_seconds)
+            if status.calls_per_second is not None:
+                budget.add_metric([stream], status.calls_per_second)
+                budget_calls.add_metric([stream], status.budget_calls)
             archived.add_metric([stream, "done"], status.archived_last_hour)
             archived.add_metric([stream, "failed"], status.failed_last_hour)
         yield from (backlog, lag, paused, groups, isolating, held, archived)
+        yield from (pause, budget, budget_calls)
         yield from self._staged()
         yield from self._unique_jobs()
         yield GaugeMetricFamily(

@@ -45,6 +45,11 @@ POSITIVE_NUMBER = Kind(
     "must be a positive number of seconds, not {value!r}.",
     "Remove it to use the default ({default}) or give a number greater than 0.",
 )
+OPTIONAL_POSITIVE_NUMBER = Kind(
+    lambda value: value is None or is_positive_number(value),
+    "must be a positive number or None, not {value!r}.",
+    "Remove it to use the default ({default}) or give a number greater than 0.",
+)
 OPTIONAL_POSITIVE_INT = Kind(
     lambda value: value is None or is_positive_int(value),
     "must be a positive integer or None, not {value!r}.",

@@ -41,6 +41,7 @@ from django.db.models.functions import Now
 from django_outbox import claim_floor, transport
 from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
 from django_outbox.batch import queued_lease
+from django_outbox.budget import admits
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.base import Claimed
@@ -129,13 +130,16 @@ def claim_group(
     the group row. With *run_here* the group starts running at attempt 1, leased to
     this worker, which processes it next (:func:`django_outbox.attempt.run_attempt`);
     otherwise it is queued and a run job for it is enqueued in the same transaction.
-    A paused stream claims nothing. *state* saves reading the state row again; its
-    claim floor (:mod:`django_outbox.claim_floor`) is where the claim starts.
+    A paused stream claims nothing, nor one a handler paused or ahead of its rate
+    budget (:func:`django_outbox.budget.admits`). *state* saves reading the state row
+    again; its claim floor (:mod:`django_outbox.claim_floor`) is where the claim starts.
     """
     config = get_stream(stream)
     if state is None:
         state = StreamState.objects.filter(stream=stream).first()
     if state is not None and state.paused:
+        return ClaimResult(stream, None, 0, 0)
+    if not admits(config, state, calls_next=run_here):  # a handler's pause, the budget
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
     floor = state.claim_floor if state is not None else 0
@@ -427,7 +431,8 @@ def run(
     """Run the stream's loop: process *group_id* (if given), then claim and process on.
 
     Returns the outcome of each group this job processed. A duplicate delivery of a job
-    whose group is running elsewhere or done does nothing.
+    whose group is running elsewhere or done does nothing. A group handed back to the
+    queue (a handler's pause, the stream's rate budget) ends the run.
     """
     config = get_stream(stream)
     loop = _Run(config, budget)
@@ -438,7 +443,10 @@ def run(
             return []
         outcomes.append(outcome)
     full = True  # a queued group's size is not known here; a short claim ends the run
-    while (claim := loop.next_group(full=full)) is not None and claim.group_id is not None:
+    while outcomes[-1:] != [ProcessOutcome.DEFERRED]:  # a pause or the budget ends the run
+        claim = loop.next_group(full=full)
+        if claim is None or claim.group_id is None:
+            break
         outcomes.append(run_attempt(config, claim.group_id, 1))
         # An ordered stream's short claim may have left keys that this group blocked:
         # claim again, until a claim finds nothing (django_outbox.ordering).

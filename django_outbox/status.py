@@ -46,11 +46,16 @@ class StreamStatus:
     failed_last_hour: int
     runs_in_flight: int
     held_keys: int = 0  # keys of an ordered stream held back by a dead letter
+    calls_per_second: float | None = None  # the stream's rate budget (CALLS_PER_SECOND)
+    budget_calls: int = 0  # handler calls made under the budget so far (a counter)
+    paused_until: datetime | None = None  # a handler's RetryAfter, while it lasts
+    pause_seconds: float = 0.0  # what is left of the pause
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
-        if self.oldest_unclaimed_at is not None:
-            data["oldest_unclaimed_at"] = self.oldest_unclaimed_at.isoformat()
+        for name in ("oldest_unclaimed_at", "paused_until"):
+            if data[name] is not None:
+                data[name] = data[name].isoformat()
         return data
 
 
@@ -72,6 +77,9 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         .annotate(n=Count("id"))
         .values_list("state", "n")
     )
+    paused_until = state.paused_until if state and state.paused_until else None
+    if paused_until is not None and paused_until <= now:
+        paused_until = None  # over: cleared by the stream's next claim
     recent = ArchivedEvent.objects.filter(stream=stream, archived_at__gte=now - timedelta(hours=1))
     return StreamStatus(
         stream=stream,
@@ -90,6 +98,10 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         failed_last_hour=recent.filter(outcome=Outcome.FAILED)[:cap].count(),
         runs_in_flight=runs_in_flight(stream),
         held_keys=held_keys(stream, cap) if config.ordered else 0,
+        calls_per_second=config.calls_per_second,
+        budget_calls=state.budget_calls if state else 0,
+        paused_until=paused_until,
+        pause_seconds=(paused_until - now).total_seconds() if paused_until else 0.0,
     )
 
 

@@ -328,6 +328,43 @@ def claim_until_empty(stream: str, start_file: str, wait_seconds: float = 300) -
     print(json.dumps(claimed), flush=True)
 
 
+def run_stream_until_empty(stream: str, start_file: str, wait_seconds: float = 120) -> None:
+    """Child process: wait for *start_file*, then run *stream* here until its buffer and
+    groups are empty (the jobs its runs enqueue run here too, and due groups are handed
+    over again as distribute would). Prints "ready", then "done"."""
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from django_outbox import transport
+    from django_outbox.conf import get_stream
+    from django_outbox.models import OutboxEvent, OutboxGroup
+    from django_outbox.rescue import requeue_due_groups
+    from django_outbox.runs import run
+
+    connection.ensure_connection()
+    print("ready", flush=True)
+    deadline = time.monotonic() + wait_seconds
+    while not os.path.exists(start_file):
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.002)
+    config = get_stream(stream)
+    while OutboxEvent.objects.filter(stream=stream).exists() or OutboxGroup.objects.exists():
+        if time.monotonic() > deadline:
+            print("not drained", flush=True)
+            sys.exit(4)
+        with transport.capture() as queue:
+            did = run(stream)
+            requeue_due_groups(config)
+            while queue:
+                did += queue.popleft().run() or []
+        if not did:
+            time.sleep(0.01)  # the other process holds the rows left
+    print("done", flush=True)
+
+
 def run_qcluster(log_level: str) -> None:
     """Child process: ``manage.py qcluster`` with django-q2's log written to stdout.
 

@@ -197,6 +197,17 @@ POISON_STREAM = {
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["poison"] = POISON_STREAM
 
+# The rate-budget tests (tests/test_budget.py) run a stream limited to 10 handler calls a
+# second in child processes and clusters of their own; their children switch it on.
+PACED_STREAM = {
+    "HANDLER": "tests.testapp.handlers.record_call_time",
+    "BATCH_SIZE": 1,
+    "CALLS_PER_SECOND": 10,
+    "LEASE_SECONDS": 120,
+}
+if os.environ.get("OUTBOX_TEST_PACED"):
+    DJANGO_OUTBOX["STREAMS"]["paced"] = PACED_STREAM
+
 # The database-restart test (tests/test_db_restart.py) drains two streams through a
 # cluster of its own on a throwaway server; its children switch them on.
 OUTAGE_STREAMS: dict[str, dict[str, Any]] = {

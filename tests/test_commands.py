@@ -105,6 +105,10 @@ def test_status_json_is_machine_readable():
         "failed_last_hour": 0,
         "runs_in_flight": 0,
         "held_keys": 0,
+        "calls_per_second": None,
+        "budget_calls": 0,
+        "paused_until": None,
+        "pause_seconds": 0.0,
     }
     assert data[0]["paused"] is True
     assert data[0]["backlog"] == 0

@@ -21,6 +21,8 @@ class StreamState(models.Model):
     ``wake_epoch`` is raised by a run that is about to end, so that it can wait for the
     publishers that skipped their wake while it was in flight
     (:mod:`django_outbox.db.wake_guard`).
+    ``next_call_at``, ``paused_until`` and ``budget_calls`` are the stream's rate budget
+    and pause (see :mod:`django_outbox.budget`).
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -47,6 +49,25 @@ class StreamState(models.Model):
         editable=False,
         help_text="Raised by a run about to end; publishers that skipped their wake "
         "under the previous value are waited for (see django_outbox.db.wake_guard).",
+    )
+    next_call_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The rate budget: no handler call of the stream starts before this time "
+        "(its CALLS_PER_SECOND, or a pause a handler asked for).",
+    )
+    paused_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="A handler raised RetryAfter: no handler call of the stream starts "
+        "before this time.",
+    )
+    budget_calls = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Handler calls made under the stream's CALLS_PER_SECOND, since the start.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 

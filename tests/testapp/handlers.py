@@ -9,9 +9,10 @@ from pathlib import Path
 
 from django.core.cache import cache
 
-from django_outbox import BatchResult, PermanentFailure
+from django_outbox import BatchResult, PermanentFailure, RetryAfter
 from django_outbox.batch import Batch
-from tests.testapp.models import HandledCall
+from django_outbox.db import database_now
+from tests.testapp.models import HandledCall, JobEffect
 
 #: Behaviour switch for the tests, read by the ``audit`` stream's handler.
 MODE_KEY = "tests.handler.mode"
@@ -38,6 +39,10 @@ def record(batch: Batch) -> BatchResult | None:
         )
     if mode == "permanent":
         raise PermanentFailure("the API rejected the request: 422")
+    if mode == "retry-after":
+        raise RetryAfter(30, "429 Too Many Requests")
+    if mode == "return-retry-after":
+        return RetryAfter(30, "429 Too Many Requests")  # type: ignore[return-value]
     poisoned = mode.startswith("poison") and any(
         (row["payload"] or {}).get("poison") for row in rows
     )
@@ -189,3 +194,16 @@ def ordered_chaos(batch: Batch) -> BatchResult | None:
         first = next(row["id"] for row in rows if row["aggregate_id"] == key)
         return BatchResult({first: "rejected (409)"})
     return None
+
+
+def record_call_time(batch: Batch) -> None:
+    """Record when the call started, in the database's clock, and which cluster made it."""
+    JobEffect.objects.create(
+        label=f"call:{batch.stream}",
+        value={
+            "at": database_now().timestamp(),
+            "ids": batch.ids,
+            "attempt": batch.attempt,
+            "cluster": os.environ.get("OUTBOX_TEST_CLUSTER_LABEL", ""),
+        },
+    )

@@ -37,6 +37,16 @@ class Command(BaseCommand):
                 f"{s.groups_claimed:>7} {s.groups_running:>7} {s.groups_retrying:>8} "
                 f"{s.archived_last_hour:>9,} {s.failed_last_hour:>9,}"
             )
+            if s.paused_until is not None:
+                self.stdout.write(
+                    f"  {s.stream} is paused for {s.pause_seconds:.0f}s more (until "
+                    f"{s.paused_until:%H:%M:%S}): its handler asked to retry later (RetryAfter)."
+                )
+            if s.calls_per_second is not None:
+                self.stdout.write(
+                    f"  {s.stream} has a rate budget of {s.calls_per_second:g} handler calls/s "
+                    f"({s.budget_calls:,} calls made under it)."
+                )
             if s.groups_isolating:
                 self.stdout.write(
                     f"  {s.groups_isolating} group(s) of {s.stream} were split from a group "

@@ -1,0 +1,154 @@
+"""A stream's rate budget and pauses: how many handler calls may start, and when.
+
+Two limits share one column of the stream's state row, ``next_call_at``: no handler call
+of the stream starts before it.
+
+* **The budget** (``CALLS_PER_SECOND``). Before each handler call, a worker reserves
+  the stream's next slot in one statement (:func:`~django_outbox.db.budget.reserve_call`):
+  the slot starts at ``next_call_at`` or now, whichever is later, and moves
+  ``next_call_at`` one interval (``1 / CALLS_PER_SECOND``) on. The row lock orders the
+  reservations of every worker of every cluster, and the database's clock times them:
+  calls start at least one interval apart, whatever the number of workers. A slot at
+  most ``WAIT_SECONDS`` away is waited for (the pacing of a stream at its budget);
+  a worker never waits longer: it hands its group back to the queue, due at the
+  stream's next slot (the attempt unchanged), and its run ends.
+* **A pause** (:class:`~django_outbox.exceptions.RetryAfter` from a handler: a 429).
+  The group goes back to the queue with its attempt unchanged, due when the pause
+  ends; the stream's ``paused_until`` and ``next_call_at`` move to the pause's end; its
+  queued groups wait for it too. No claim is made meanwhile.
+
+A stream without a budget reads and writes nothing more per call: its claims look at the
+``paused_until`` of the state row they already hold, and only while it is set.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Coalesce, Greatest, Now
+
+from django_outbox.batch import group_leases
+from django_outbox.conf import StreamConfig
+from django_outbox.db import budget as budget_sql
+from django_outbox.db import connection_for, database_now
+from django_outbox.exceptions import RetryAfter
+from django_outbox.lease import clip
+from django_outbox.models import GroupState, OutboxGroup, StreamState
+
+#: A worker waits at most this long for its stream's next call slot.
+WAIT_SECONDS = 1.0
+
+
+def admits(config: StreamConfig, state: StreamState | None, *, calls_next: bool = False) -> bool:
+    """Whether a claim of the stream may start now: not paused, not ahead of its budget.
+
+    Called before every claim with the state row the caller holds; a stream without a
+    pause on that row costs nothing when it has no budget, or when the claimer calls
+    the handler next (*calls_next*: the run loop), whose reservation
+    (:func:`take_slot`) keeps the budget. Otherwise one read of the row, in the
+    database's clock: the stream is held while paused, or while its next call slot is
+    more than half of ``WAIT_SECONDS`` away. A pause that has passed is cleared.
+    """
+    unbudgeted = config.calls_per_second is None or calls_next
+    if state is None or (unbudgeted and state.paused_until is None):
+        return True
+    horizon = Now() + timedelta(seconds=WAIT_SECONDS / 2)
+    held = Q(paused_until__gt=Now())
+    if config.calls_per_second is not None:
+        held |= Q(next_call_at__gt=horizon)
+    if StreamState.objects.filter(held, stream=config.name).exists():
+        return False
+    if state.paused_until is not None:
+        StreamState.objects.filter(stream=config.name, paused_until__lte=Now()).update(
+            paused_until=None
+        )
+        state.paused_until = None
+    return True
+
+
+def take_slot(config: StreamConfig) -> datetime | None:
+    """Wait for the stream's next call slot; None once the call may start.
+
+    When the slot is further than ``WAIT_SECONDS`` away, reserve nothing and return when
+    the stream may call next: the caller hands its group back (:func:`defer_group`).
+    Nothing to do for a stream without a budget.
+    """
+    if config.calls_per_second is None:
+        return None
+    interval = 1.0 / config.calls_per_second
+    for _ in range(2):
+        wait = budget_sql.reserve_call(config.name, interval, WAIT_SECONDS)
+        if wait is not None:
+            if wait > 0:
+                time.sleep(wait)  # at most WAIT_SECONDS: the stream's pace
+            return None
+        found = StreamState.objects.filter(stream=config.name).values_list(
+            "next_call_at", flat=True
+        )
+        if not found:
+            StreamState.objects.get_or_create(stream=config.name)
+            continue  # the stream's first call: reserve on its new state row
+        return found[0]
+    return None  # pragma: no cover - the row was created just before
+
+
+def defer_group(
+    config: StreamConfig, group_id: uuid.UUID, attempt: int, until: Any, error: str = ""
+) -> None:
+    """Hand a running group back to the queue, due at *until*, its attempt unchanged.
+
+    Inside the caller's transaction; raises
+    :class:`~django_outbox.exceptions.LeaseLost` when the attempt is no longer this
+    worker's. Distribute re-enqueues the group once it is due.
+    """
+    changes: dict[str, Any] = {
+        "state": GroupState.RETRYING,
+        "attempt": attempt - 1,  # taking the group again counts this attempt once more
+        "next_attempt_at": until,
+        "lease_expires_at": None,
+        "updated_at": Now(),
+    }
+    if error:
+        changes["last_error"] = clip(error)
+    leases = group_leases(config)
+    if not leases.fenced(group_id, attempt).update(**changes):
+        raise leases.lost(group_id, attempt)
+
+
+def pause(config: StreamConfig, group_id: uuid.UUID, attempt: int, exc: RetryAfter) -> None:
+    """A handler raised :class:`RetryAfter`: pause the stream, hand its group back.
+
+    One transaction: the stream's ``paused_until`` and ``next_call_at`` move to the
+    pause's end (never earlier than a pause already set), the group goes back to the
+    queue due then, with its attempt unchanged, and so do the stream's queued groups;
+    groups waiting for a retry wait at least as long.
+    """
+    stream = config.name
+    alias = connection_for(StreamState).alias
+    with transaction.atomic(using=alias):
+        until = database_now(alias) + timedelta(seconds=exc.seconds)
+        StreamState.objects.get_or_create(stream=stream)
+        StreamState.objects.filter(stream=stream).update(
+            paused_until=Greatest(Coalesce("paused_until", until), until),
+            next_call_at=Greatest(Coalesce("next_call_at", until), until),
+            updated_at=Now(),
+        )
+        defer_group(config, group_id, attempt, until, f"RetryAfter: {exc}")
+        groups = OutboxGroup.objects.filter(stream=stream)
+        groups.filter(state=GroupState.CLAIMED).update(
+            state=GroupState.RETRYING, next_attempt_at=until, lease_expires_at=None
+        )
+        groups.filter(state=GroupState.RETRYING, next_attempt_at__lt=until).update(
+            next_attempt_at=until
+        )
+
+
+def defer(config: StreamConfig, group_id: uuid.UUID, attempt: int, until: datetime) -> None:
+    """The stream is ahead of its budget: hand the group back, due at its next slot."""
+    with transaction.atomic(using=connection_for(OutboxGroup).alias):
+        defer_group(config, group_id, attempt, until)

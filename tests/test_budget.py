@@ -1,0 +1,335 @@
+"""Rate budgets and pauses: ``CALLS_PER_SECOND`` and ``RetryAfter`` (django_outbox.budget).
+
+A handler that raises or returns ``RetryAfter`` pauses its stream without spending the
+group's attempt; a stream with ``CALLS_PER_SECOND`` starts its handler calls at least
+``1 / CALLS_PER_SECOND`` apart, whatever the number of workers. Calls are timed by the
+database's clock; the assertions bound the calls from the start of the run (a call may
+be late, never early), so a slow machine cannot make them fail.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import override_settings
+from django.urls import reverse
+
+from django_outbox import RetryAfter, publish, publish_many
+from django_outbox.attempt import ProcessOutcome
+from django_outbox.db import database_now
+from django_outbox.distribute import distribute
+from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.runs import claim_group, run
+from django_outbox.status import stream_status
+from tests.conftest import InlineRunner, publish_unwoken
+from tests.procs import (
+    fail_on_queue_failures,
+    log_problems,
+    qcluster,
+    running,
+    wait_until,
+)
+from tests.testapp.models import HandledCall, JobEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AUDIT = {
+    "HANDLER": "tests.testapp.handlers.record",
+    "BATCH_SIZE": 2,
+    "CHAINS": 2,
+    "MAX_ATTEMPTS": 3,
+    "BACKOFF_SECONDS": 1,
+    "LEASE_SECONDS": 120,
+}
+PACED = settings.PACED_STREAM
+
+
+def streams(**extra):
+    return override_settings(
+        DJANGO_OUTBOX={**settings.DJANGO_OUTBOX, "STREAMS": {"audit": AUDIT, **extra}}
+    )
+
+
+def pass_the_pause(stream: str) -> None:
+    """Let the pause end: move it, and the groups waiting for it, into the past."""
+    past = Now() - timedelta(seconds=1)
+    StreamState.objects.filter(stream=stream).update(paused_until=past, next_call_at=past)
+    OutboxGroup.objects.filter(stream=stream, state=GroupState.RETRYING).update(
+        next_attempt_at=past
+    )
+
+
+# -- RetryAfter --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["retry-after", "return-retry-after"])
+def test_retry_after_pauses_the_stream_and_keeps_the_attempt(handler_mode, mode):
+    handler_mode(mode)
+    runner = InlineRunner()
+    with streams(), runner.capturing():
+        publish_many("audit", [{"n": n} for n in range(6)])  # three groups of two
+    runner.drain()
+
+    # One call, then the whole stream waits: no other group reached the handler.
+    calls = list(HandledCall.objects.values_list("attempt", flat=True))
+    assert calls == [1]
+    group = OutboxGroup.objects.get()
+    assert group.state == GroupState.RETRYING
+    assert group.attempt == 0  # taking it again makes it attempt 1 again: none spent
+    assert group.size == 2 and group.split_depth == 0  # RetryAfter never splits
+    assert "429 Too Many Requests" in group.last_error
+    state = StreamState.objects.get(stream="audit")
+    assert state.paused_until is not None
+    assert 29 < (state.paused_until - database_now()).total_seconds() <= 30
+    assert group.next_attempt_at == state.paused_until
+    with streams():
+        assert claim_group("audit", state=state).size == 0  # no claim during the pause
+        assert stream_status("audit").paused_until == state.paused_until
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 4
+
+
+def test_after_the_pause_the_stream_resumes_with_the_same_attempt(handler_mode):
+    handler_mode("retry-after")
+    runner = InlineRunner()
+    with streams(), runner.capturing():
+        publish_many("audit", [{"n": n} for n in range(6)])
+    runner.drain()
+    handler_mode("ok")
+    pass_the_pause("audit")
+    with streams():
+        runner.distribute("audit")
+
+    assert ArchivedEvent.objects.filter(stream="audit").count() == 6
+    assert not OutboxGroup.objects.exists()
+    assert sorted(HandledCall.objects.values_list("attempt", flat=True)) == [1, 1, 1, 1]
+    assert StreamState.objects.get(stream="audit").paused_until is None  # cleared
+
+
+def test_retry_after_holds_the_queued_groups_too(handler_mode):
+    runner = InlineRunner()
+    publish_unwoken("audit", [{"n": n} for n in range(4)])
+    with streams():
+        with runner.capturing():
+            queued = [claim_group("audit") for _ in range(2)]  # their jobs wait in the queue
+        assert [claim.size for claim in queued] == [2, 2]
+        handler_mode("retry-after")
+        runner.drain()
+    # The first job to call was paused; the other found its group held for the pause.
+    assert HandledCall.objects.count() == 1
+    assert set(OutboxGroup.objects.values_list("state", flat=True)) == {GroupState.RETRYING}
+    until = StreamState.objects.get(stream="audit").paused_until
+    assert set(OutboxGroup.objects.values_list("next_attempt_at", flat=True)) == {until}
+
+
+def test_retry_after_inside_a_transactional_handler_rolls_back_and_pauses(handler_mode):
+    handler_mode("retry-after")
+    runner = InlineRunner()
+    with streams(audit={**AUDIT, "TRANSACTIONAL": True}), runner.capturing():
+        publish("audit", {"n": 1})
+    with streams(audit={**AUDIT, "TRANSACTIONAL": True}):
+        runner.drain()
+    assert not HandledCall.objects.exists()  # its write rolled back with the attempt
+    group = OutboxGroup.objects.get()
+    assert (group.state, group.attempt) == (GroupState.RETRYING, 0)
+
+
+def test_retry_after_takes_a_positive_number_of_seconds():
+    for bad in (0, -1, float("nan"), True, "5", 10**6):
+        with pytest.raises(ValueError, match="RetryAfter takes"):
+            RetryAfter(bad)
+    assert RetryAfter(2.5).seconds == 2.5
+
+
+# -- the budget -------------------------------------------------------------------
+
+
+def test_a_budget_must_be_a_positive_number():
+    for bad in (0, -2, "10", True):
+        with streams(paced={**PACED, "CALLS_PER_SECOND": bad}):
+            found = [m for m in run_checks() if m.id == "django_outbox.E060"]
+        assert [m.msg for m in found] == [
+            f"DJANGO_OUTBOX['STREAMS']['paced']['CALLS_PER_SECOND'] must be a positive "
+            f"number or None, not {bad!r}."
+        ]
+        assert found[0].hint.startswith("Remove it for no budget")
+    with streams(paced={**PACED, "CALLS_PER_SECOND": 0.5}):
+        assert not [m for m in run_checks() if m.id == "django_outbox.E060"]
+
+
+def call_times(stream: str = "paced") -> list[float]:
+    values = JobEffect.objects.filter(label=f"call:{stream}").values_list("value", flat=True)
+    return sorted(value["at"] for value in values)
+
+
+def assert_within_budget(times: list[float], start: float, per_second: float) -> None:
+    """The k-th call started no earlier than k - 1 intervals after *start*: at most
+    ``per_second`` calls in every second from the start (a late call cannot break it)."""
+    interval = 1 / per_second
+    early = [
+        (k, round(at - start, 3))
+        for k, at in enumerate(times)
+        if at - start < k * interval - 0.002  # the database's clock, to the millisecond
+    ]
+    assert not early, f"calls ahead of the budget (k, seconds from the start): {early[:5]}"
+
+
+def test_a_stream_with_a_budget_paces_its_calls_in_one_run():
+    publish_unwoken("paced", [{"n": n} for n in range(8)])
+    with streams(paced={**PACED, "CHAINS": 1}):  # one run does it all
+        start = database_now().timestamp()
+        outcomes = run("paced")
+    assert outcomes == [ProcessOutcome.DONE] * 8
+    times = call_times()
+    assert len(times) == 8
+    assert_within_budget(times, start, PACED["CALLS_PER_SECOND"])
+    assert StreamState.objects.get(stream="paced").budget_calls == 8
+
+
+def test_a_stream_ahead_of_its_budget_hands_its_group_back():
+    publish_unwoken("paced", [{"n": n} for n in range(2)])
+    StreamState.objects.create(stream="paced")
+    with streams(paced=PACED):
+        StreamState.objects.filter(stream="paced").update(
+            next_call_at=Now() + timedelta(seconds=30)
+        )
+        group = claim_group("paced", run_here=False)
+        assert group.size == 0  # ahead of the budget: nothing is claimed
+        StreamState.objects.filter(stream="paced").update(next_call_at=Now())
+        runner = InlineRunner()
+        with runner.capturing():
+            group = claim_group("paced")  # queued, its job waits
+        StreamState.objects.filter(stream="paced").update(
+            next_call_at=Now() + timedelta(seconds=30)
+        )
+        assert [job.run() for job in runner.jobs] == [[ProcessOutcome.DEFERRED]]
+    deferred = OutboxGroup.objects.get()
+    assert (deferred.state, deferred.attempt) == (GroupState.RETRYING, 0)
+    assert deferred.next_attempt_at == StreamState.objects.get(stream="paced").next_call_at
+    assert not JobEffect.objects.exists()
+
+
+@pytest.mark.postgres
+def test_two_processes_share_one_budget(tmp_path):
+    """Two processes run the stream at once; their calls together stay in the budget."""
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent workers: PostgreSQL")
+    publish_unwoken("paced", [{"n": n} for n in range(30)])
+    start_file = tmp_path / "start"
+    code = (
+        "from tests.procs import run_stream_until_empty; "
+        f"run_stream_until_empty('paced', {str(start_file)!r})"
+    )
+    env = {"OUTBOX_TEST_PACED": "1"}
+    with (
+        running(["-c", code], "paced-a", OUTBOX_TEST_CLUSTER_LABEL="a", **env) as a,
+        running(["-c", code], "paced-b", OUTBOX_TEST_CLUSTER_LABEL="b", **env) as b,
+    ):
+        wait_until(lambda: all("ready" in log(p) for p in (a, b)), 60, watch=[a, b])
+        start = database_now().timestamp()
+        start_file.write_text("go")
+        assert a.wait(120) == 0 and b.wait(120) == 0, (log(a), log(b))
+    times = call_times()
+    assert len(times) == 30
+    assert_within_budget(times, start, PACED["CALLS_PER_SECOND"])
+    assert ArchivedEvent.objects.filter(stream="paced").count() == 30
+    by_process = {value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)}
+    assert by_process == {"a", "b"}  # both took part
+
+
+def log(process) -> str:
+    return process.log_path.read_text()
+
+
+# -- what an operator sees ----------------------------------------------------------
+
+
+def test_the_pause_and_the_budget_show_in_status_metrics_and_admin(handler_mode, admin_client):
+    handler_mode("retry-after")
+    runner = InlineRunner()
+    with streams(paced=PACED), runner.capturing():
+        publish("audit", {"n": 1})
+    with streams(paced=PACED):
+        runner.drain()
+        StreamState.objects.get_or_create(stream="paced")
+        StreamState.objects.filter(stream="paced").update(budget_calls=42)
+        out = StringIO()
+        call_command("outbox_status", stdout=out)
+        text = out.getvalue()
+        assert "audit is paused for 30s more" in text or "audit is paused for 29s more" in text
+        assert "paced has a rate budget of 10 handler calls/s (42 calls made under it)" in text
+        from django_outbox.metrics import render
+
+        body = render()[0].decode()
+        assert 'django_outbox_calls_per_second_budget{stream="paced"} 10.0' in body
+        assert 'django_outbox_budget_calls_total{stream="paced"} 42.0' in body
+        assert 'django_outbox_stream_pause_seconds{stream="audit"} 29.' in body
+        page = admin_client.get(reverse("admin:django_outbox_streamstate_changelist"))
+        assert page.status_code == 200
+        assert "Calls/s budget" in page.content.decode()
+        detail = admin_client.get(
+            reverse("admin:django_outbox_streamstate_change", args=["audit"])
+        ).content.decode()
+        assert "Paused until" in detail and "Next call at" in detail
+
+
+@pytest.mark.process
+def test_two_clusters_keep_one_budget(tmp_path):
+    """Two real qclusters (2 workers each) share the stream's 10 calls a second."""
+    env = {"OUTBOX_TEST_PACED": "1"}
+    with (
+        qcluster("paced-a", log=tmp_path / "a.log", OUTBOX_TEST_CLUSTER_LABEL="a", **env) as a,
+        qcluster("paced-b", log=tmp_path / "b.log", OUTBOX_TEST_CLUSTER_LABEL="b", **env) as b,
+        streams(paced=PACED),
+    ):
+        # Both clusters take jobs before the clock starts: a slow start gives no slack.
+        wait_until(lambda: all(" running." in log(p) for p in (a, b)), 60, watch=[a, b])
+        start = database_now().timestamp()
+        for n in range(0, 50, 5):
+            publish_many("paced", [{"n": n + i} for i in range(5)])  # each commit wakes
+
+        def delivered() -> bool:
+            distribute("paced")  # plays the schedule: groups handed back are due again
+            return ArchivedEvent.objects.filter(stream="paced").count() >= 50
+
+        wait_until(
+            delivered,
+            timeout=120,
+            interval=0.5,
+            describe=lambda: stream_status("paced"),
+            watch=[a, b],
+            check=fail_on_queue_failures,
+        )
+    assert log_problems(a) == [] and log_problems(b) == []
+    times = call_times()
+    assert len(times) == 50
+    assert_within_budget(times, start, PACED["CALLS_PER_SECOND"])
+    clusters = [value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)]
+    assert set(clusters) == {"a", "b"}, clusters  # both clusters made calls
+
+
+def test_the_guides_handler_pauses_its_stream_on_a_429():
+    from tests.docs_examples import rate_limits
+
+    rate_limits.crm.answers[:] = [429]
+    rate_limits.crm.bodies.clear()
+    crm_stream = {"HANDLER": "tests.docs_examples.rate_limits.sync_contacts", "BATCH_SIZE": 5}
+    runner = InlineRunner()
+    with streams(crm=crm_stream), runner.capturing():
+        publish_many("crm", [{"email": f"{n}@example.com"} for n in range(5)])
+    with streams(crm=crm_stream):
+        runner.drain()
+        assert len(rate_limits.crm.bodies) == 1
+        group = OutboxGroup.objects.get(stream="crm")
+        assert (group.state, group.attempt) == (GroupState.RETRYING, 0)
+        assert stream_status("crm").pause_seconds > 19
+        pass_the_pause("crm")
+        runner.distribute("crm")  # the answer is 200 now
+    assert ArchivedEvent.objects.filter(stream="crm").count() == 5
+    assert len(rate_limits.crm.bodies) == 2
