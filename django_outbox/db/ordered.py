@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from django_outbox.db.base import BufferOps
+from django_outbox.db.base import BufferOps, column_name, concrete_field
 from django_outbox.models import HeldKey
 
 #: Serializes the ordered claims of one stream (PostgreSQL, transaction-scoped): the
@@ -22,7 +22,7 @@ class OrderedSQL:
     def __init__(self, ops: BufferOps, stream: str, key: str) -> None:
         self.ops = ops
         self.stream = stream
-        self.key = ops.qn(ops._column_field(key).column)
+        self.key = ops.qn(column_name(ops._column_field(key)))
         self.held_table = ops.qn(HeldKey._meta.db_table)
 
     def lock_statement(self) -> tuple[str, list[Any]] | None:
@@ -67,7 +67,8 @@ class OrderedSQL:
         held = HeldKey._meta
         qn = self.ops.qn
         columns = ", ".join(
-            qn(held.get_field(name).column) for name in ("stream", "key", "group_id", "error")
+            qn(column_name(concrete_field(HeldKey, name)))
+            for name in ("stream", "key", "group_id", "error")
         )
         group = held.get_field("group_id").get_db_prep_value(group_id, self.ops.connection)
         return self.ops.execute(
