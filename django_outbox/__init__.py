@@ -20,6 +20,8 @@ __all__ = [
     "PermanentFailure",
     "UniqueJob",
     "UnknownStream",
+    "apublish",
+    "apublish_many",
     "publish",
     "publish_many",
     "wake",
@@ -35,6 +37,8 @@ _LAZY = {
     "PermanentFailure": "django_outbox.exceptions",
     "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
+    "apublish": "django_outbox.publishing",
+    "apublish_many": "django_outbox.publishing",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
     "wake": "django_outbox.runs",
@@ -51,7 +55,7 @@ if TYPE_CHECKING:
         UnknownStream,
     )
     from django_outbox.models import UniqueJob
-    from django_outbox.publishing import publish, publish_many
+    from django_outbox.publishing import apublish, apublish_many, publish, publish_many
     from django_outbox.runs import wake
 
 

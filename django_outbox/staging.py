@@ -27,6 +27,7 @@ drainer (schedule or ``manage.py outbox_drain``) remains the guarantee.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 import time
@@ -36,6 +37,8 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -53,6 +56,7 @@ from django_outbox.options import is_positive_int
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
 __all__ = [
+    "astage_task",
     "stage_task",
 ]
 
@@ -150,9 +154,12 @@ def _dumps(what: str, value: Any) -> str:
     return dumps_or(
         lambda exc: StagingError(
             f"The {what} of a staged job must be JSON: {exc}. Pass ids, strings, numbers, "
-            "booleans, None, lists and dicts of them, and load objects in the task."
+            "booleans, None, lists and dicts of them (datetimes, dates, times, timedeltas, "
+            "Decimals, UUIDs and lazy strings become the strings DjangoJSONEncoder "
+            "writes), and load objects in the task."
         ),
         value,
+        cls=DjangoJSONEncoder,
     )
 
 
@@ -167,6 +174,10 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     hook, save, task_name, ack_failure), ``run_after`` (an aware datetime or a timedelta
     from now: not forwarded before), ``idempotency_key`` (the effect happens once per key)
     and ``using`` (database alias). Any other keyword is passed to the task.
+
+    Arguments are JSON, plus what Django's ``DjangoJSONEncoder`` encodes (``datetime``,
+    ``date``, ``time``, ``timedelta``, ``Decimal``, ``UUID``, lazy strings): the task
+    receives those as the strings that encoder writes, whichever way the job travels.
     """
     q_options = kwargs.pop("q_options", None) or {}
     run_after = kwargs.pop("run_after", None)
@@ -196,13 +207,36 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     if forward and transport.in_transaction_hand_off(alias):
         # The ORM broker's queue table commits or rolls back with this transaction: the
         # job is staged by writing it there directly, one INSERT and nothing to drain.
-        row = sql.TakenJob(0, path, list(args), kwargs, q_options, idempotency_key, None, None)
+        # The task gets its arguments as JSON gives them back, as from a staged row.
+        row = sql.TakenJob(
+            0,
+            path,
+            json.loads(args_json),
+            json.loads(kwargs_json),
+            q_options,
+            idempotency_key,
+            None,
+            None,
+        )
         transport.submit([_job(row, kept=False)], alias=alias)
         return None
     staged_id = sql.insert(path, args_json, kwargs_json, options_json, idempotency_key, run_after)
     if forward:
         _forward_after_commit(staged_id, alias)
     return staged_id
+
+
+async def astage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int | None:
+    """:func:`stage_task` from async code (an async view, say), with the same arguments.
+
+    Runs ``stage_task()`` with ``sync_to_async(thread_sensitive=True)``, on the
+    connection of the thread where the request's thread-sensitive work runs. Awaited on
+    its own, the job is staged in autocommit: it commits at once and is forwarded. To
+    stage a job with other writes in one transaction, put ``transaction.atomic()``, the
+    writes and ``stage_task()`` in one sync function and await that through
+    ``sync_to_async``.
+    """
+    return await sync_to_async(stage_task, thread_sensitive=True)(func, *args, **kwargs)
 
 
 # -- the low-latency path ------------------------------------------------------------

@@ -283,7 +283,7 @@ def declared(name: str) -> tuple[list[str] | None, set[str]]:
     for node in tree.body:
         inner = node.body if isinstance(node, ast.If) else [node]  # if TYPE_CHECKING
         for item in inner:
-            if isinstance(item, (ast.FunctionDef, ast.ClassDef)):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 bound.add(item.name)
             elif isinstance(item, (ast.Import, ast.ImportFrom)):
                 bound.update((alias.asname or alias.name).split(".")[0] for alias in item.names)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
@@ -94,10 +95,12 @@ class OutboxEvent(BufferEvent):
     """The generic buffer shared by streams that need only a JSON payload.
 
     Write to it with :func:`django_outbox.publish` / :func:`django_outbox.publish_many`.
+    The payload is encoded by Django's ``DjangoJSONEncoder`` (dates, times, durations,
+    decimals, UUIDs and lazy strings become strings) and read back as plain JSON.
     """
 
     stream = models.CharField(max_length=64)
-    payload = models.JSONField()
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
 
     class Meta(BufferEvent.Meta):
         verbose_name = "outbox event"
