@@ -22,6 +22,7 @@ from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.jsondata import MAX_DEPTH, dumps_or
 from django_outbox.models import OutboxEvent
 from django_outbox.runs import wake
+from django_outbox.tracing import current_traceparent
 
 __all__ = [
     "apublish",
@@ -64,7 +65,8 @@ def publish(stream: str, payload: Any) -> int:
 
     The event becomes visible to workers when the surrounding transaction commits, and
     disappears with it if it rolls back. The commit wakes the stream's run loop (see
-    :func:`django_outbox.runs.wake`).
+    :func:`django_outbox.runs.wake`). With OpenTelemetry, the row records the recording
+    span's ``traceparent`` (:mod:`django_outbox.tracing`).
 
     *payload* is JSON: dicts, lists, strings, numbers, booleans and None, plus what
     Django's ``DjangoJSONEncoder`` encodes (``datetime``, ``date``, ``time``,
@@ -74,7 +76,9 @@ def publish(stream: str, payload: Any) -> int:
     :class:`~django_outbox.exceptions.PayloadError` at the call, and nothing is written.
     """
     _check(stream)
-    event_id = buffer_ops(OutboxEvent).insert_event(stream, _dumps(stream, payload))
+    event_id = buffer_ops(OutboxEvent).insert_event(
+        stream, _dumps(stream, payload), current_traceparent()
+    )
     wake(stream, using=connection_for(OutboxEvent).alias)
     return event_id
 

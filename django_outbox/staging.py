@@ -43,7 +43,7 @@ from django.db import router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_outbox import transport
+from django_outbox import tracing, transport
 from django_outbox.conf import outbox_settings
 from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
@@ -63,6 +63,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 RUNNER = "django_outbox.tasks.run_staged"
+#: Runs a job in a span that continues the trace of the code that staged it.
+TRACED_RUNNER = "django_outbox.tasks.run_traced"
 GUARD_SCOPE = "django_outbox.staged"
 #: django-q2 task options a staged job may carry (``q_options=``).
 _Q_OPTIONS = ("cluster", "timeout", "group", "hook", "save", "task_name", "ack_failure")
@@ -203,6 +205,7 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     args_json = _dumps("arguments", list(args))
     kwargs_json = _dumps("keyword arguments", kwargs)
     options_json = _dumps("q_options", q_options)
+    traceparent = tracing.current_traceparent()
     forward = run_after is None and outbox_settings().staging.forward_on_commit
     if forward and transport.in_transaction_hand_off(alias):
         # The ORM broker's queue table commits or rolls back with this transaction: the
@@ -217,10 +220,13 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
             idempotency_key,
             None,
             None,
+            trace_context=traceparent,
         )
         transport.submit([_job(row, kept=False)], alias=alias)
         return None
-    staged_id = sql.insert(path, args_json, kwargs_json, options_json, idempotency_key, run_after)
+    staged_id = sql.insert(
+        path, args_json, kwargs_json, options_json, idempotency_key, run_after, traceparent
+    )
     if forward:
         _forward_after_commit(staged_id, alias)
     return staged_id
@@ -355,8 +361,17 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     The row is checked as ``stage_task`` checked it: someone with write access to the
     table must not reach a function (or a ``hook``) outside the allowed modules. A
     *kept* row (a broker that can lose jobs) runs behind a guard and carries its id, so
-    that the job deletes it once it has run.
+    that the job deletes it once it has run. A job staged inside a recording span runs
+    through :data:`TRACED_RUNNER`, which continues that trace.
     """
+    job = _untraced_job(row, kept)
+    if row.trace_context is None:
+        return job
+    args = (row.trace_context, job.func, list(job.args), job.kwargs)
+    return transport.Job(TRACED_RUNNER, args, job.cluster, options=job.options, save=job.save)
+
+
+def _untraced_job(row: sql.TakenJob, kept: bool) -> transport.Job:
     task_path(row.func)
     if not isinstance(row.args, list):
         raise StagingError(f"The arguments of a staged job must be a JSON list, not {row.args!r}.")
@@ -378,6 +393,17 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     return transport.Job(
         row.func, tuple(row.args), cluster, kwargs=row.kwargs, options=options, save=save
     )
+
+
+def run_traced(traceparent: str, func: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a staged job (*func*: its function, or :data:`RUNNER` with its arguments) in
+    the span ``django_outbox.staged <function>``, a child of the span that staged it."""
+    target = import_string(RUNNER if func == RUNNER else task_path(func))
+    function = args[1] if func == RUNNER else func
+    with tracing.continued(
+        f"django_outbox.staged {function}", traceparent, {"django_outbox.function": function}
+    ):
+        return target(*args, **kwargs)
 
 
 def _caller_scope(func: str) -> str:

@@ -26,6 +26,7 @@ BASE = {
     "django_outbox.jsondata",
     "django_outbox.backoff",
     "django_outbox.oncommit",
+    "django_outbox.tracing",
     "django_outbox.db.dialect",
     "django_outbox.db.transient",
     "django_outbox.unique",
@@ -270,6 +271,7 @@ PUBLIC = (
     "django_outbox.tasks",
     "django_outbox.tasks_backend",
     "django_outbox.tasks_backend.backend",
+    "django_outbox.tracing",
 )
 
 

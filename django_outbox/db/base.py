@@ -178,12 +178,16 @@ class BufferOps:
             )
         return field
 
-    def insert_event(self, stream: str, payload_json: str) -> int:
-        """Insert one row into the generic buffer; return its id. One statement."""
+    def insert_event(self, stream: str, payload_json: str, trace_context: str | None = None) -> int:
+        """Insert one row into the generic buffer; return its id. One statement.
+
+        *trace_context* (a ``traceparent``) is written only when given.
+        """
+        traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}) RETURNING id",
-            [stream, payload_json],
+            f"INSERT INTO {self.table} (created_at, stream, payload{traced[0]}) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{traced[1]}) RETURNING id",
+            [stream, payload_json, *traced[2]],
         )
         assert row is not None
         return int(row[0])
