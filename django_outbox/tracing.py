@@ -34,6 +34,7 @@ MAX_LINKS = 32
 SCOPE = "django_outbox"
 
 _api: Any = None  # the opentelemetry.trace module, once looked up; False when missing
+_tracer: Any = None  # our tracer, once asked for (a proxy until an SDK is configured)
 
 
 def _trace() -> Any:
@@ -46,6 +47,13 @@ def _trace() -> Any:
             trace = False
         _api = trace
     return _api or None
+
+
+def _our_tracer(trace: Any) -> Any:
+    global _tracer
+    if _tracer is None:
+        _tracer = trace.get_tracer(SCOPE)
+    return _tracer
 
 
 def current_traceparent() -> str | None:
@@ -118,7 +126,7 @@ def deliver(stream: str, group_id: Any, attempt: int, split_depth: int) -> Itera
     if trace is None:
         yield None
         return
-    tracer = trace.get_tracer(SCOPE)
+    tracer = _our_tracer(trace)
     attributes = {
         "django_outbox.stream": stream,
         "django_outbox.group_id": str(group_id),
@@ -151,6 +159,6 @@ def continued(name: str, traceparent: Any, attributes: dict[str, Any]) -> Iterat
         return
     parent = span_context(traceparent)
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
-    tracer = trace.get_tracer(SCOPE)
+    tracer = _our_tracer(trace)
     with tracer.start_as_current_span(name, context=context, attributes=attributes):
         yield
