@@ -1,7 +1,8 @@
 """OpenTelemetry tracing, when the ``opentelemetry-api`` package is installed.
 
 ``pip install "django-outbox-batching[otel]"`` installs it. Without it every function
-here is a cheap no-op: nothing imports ``opentelemetry`` and nothing changes. With the
+here is a cheap no-op and nothing changes. With it, it is imported with this module
+(when Django loads the models), not in the middle of a worker's first batch. With the
 API but no SDK configured, spans are the API's non-recording spans and nothing is
 stored either.
 
@@ -33,7 +34,12 @@ MAX_LINKS = 32
 #: The instrumentation scope of our spans.
 SCOPE = "django_outbox"
 
-_api: Any = None  # the opentelemetry.trace module, once looked up; False when missing
+try:  # at import, so that forked workers (django-q2) share it: no import mid-work
+    from opentelemetry import trace as _installed
+except ImportError:
+    _installed = False
+#: The ``opentelemetry.trace`` module; False when missing, None to look it up again.
+_api: Any = _installed
 _tracer: Any = None  # our tracer, once asked for (a proxy until an SDK is configured)
 
 
