@@ -234,8 +234,9 @@ def run_naive(events: int) -> Result:
     )
 
 
-def run_outbox(events: int) -> tuple[Result, dict[str, float]]:
-    """B: publish (one transaction each, then in bulk), then drain through a qcluster."""
+def run_outbox(events: int, **env: str) -> tuple[Result, dict[str, float]]:
+    """B: publish (one transaction each, then in bulk), then drain through a qcluster
+    (*env*: ``BENCH_*`` switches of the cluster's settings)."""
     reset()
     single = min(events, 5000)
     started = time.perf_counter()
@@ -247,7 +248,7 @@ def run_outbox(events: int) -> tuple[Result, dict[str, float]]:
     bulk = publish_many(STREAM, (payload(i) for i in range(single, events)), batch_size=5000)
     bulk_rate = bulk / (time.perf_counter() - started) if bulk else 0.0
     vacuum("django_outbox_outboxevent")
-    with cluster():
+    with cluster(**env):
         before = Counters.read()
         started = time.perf_counter()
         transport.enqueue(transport.DISTRIBUTE, [(STREAM,)])
@@ -564,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the publish overhead (a transaction without and with one event), printed",
     )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="only B, with opentelemetry-api importable (no SDK) against not importable",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
@@ -578,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_publish:
         print(json.dumps(publish_overhead(args.publish_transactions), indent=2))
         return 0
+    if args.otel:
+        return otel_comparison(args.events, args.repeat, args.json.with_name("bench-otel.json"))
 
     print(f"django_outbox benchmark on {platform.node()}, {os.cpu_count()} cores", flush=True)
     naive = run_naive(args.naive_events)
@@ -650,6 +658,38 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     print(f"JSON written to {args.json}")
+    return 0
+
+
+def otel_comparison(events: int, repeat: int, path: Path) -> int:
+    """B with ``opentelemetry-api`` importable in the cluster and no SDK configured,
+    against B where it cannot be imported (``BENCH_NO_OTEL=1``): *repeat* pairs, the
+    order alternating within each pair. Prints and writes the paired ratios."""
+    import importlib.util
+
+    if importlib.util.find_spec("opentelemetry") is None:
+        raise SystemExit("Install the API first: pip install -e '.[otel]'")
+    rates: dict[str, list[float]] = {"with_api": [], "without": []}
+    for n in range(repeat):
+        pair = [("without", "1"), ("with_api", "0")]
+        for name, blocked in pair if n % 2 == 0 else pair[::-1]:
+            result, _ = run_outbox(events, BENCH_NO_OTEL=blocked)
+            rates[name].append(round(result.rate))
+            print(f"  pair {n + 1}: B {name} {result.rate:,.0f} events/s", flush=True)
+    ratios = [a / b for a, b in zip(rates["with_api"], rates["without"], strict=True)]
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "events": events,
+        "events_per_s": rates,
+        "ratio_runs": [round(r, 3) for r in ratios],
+        "ratio_median": round(statistics.median(ratios), 3),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"B with opentelemetry-api (no SDK) / B without: median {report['ratio_median']} "
+        f"(pairs {report['ratio_runs']}); JSON written to {path}"
+    )
     return 0
 
 

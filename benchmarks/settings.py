@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import dj_database_url
 import django
+
+# ``python -m benchmarks.run --otel`` compares B with opentelemetry-api importable (no
+# SDK configured) against B in a cluster where it cannot be imported.
+if os.environ.get("BENCH_NO_OTEL") == "1":
+    sys.modules["opentelemetry"] = None  # type: ignore[assignment]
 
 SECRET_KEY = "django-outbox-benchmark"
 USE_TZ = True

@@ -21,6 +21,8 @@ __all__ = [
     "RetryAfter",
     "UniqueJob",
     "UnknownStream",
+    "apublish",
+    "apublish_many",
     "publish",
     "publish_many",
     "wake",
@@ -37,6 +39,8 @@ _LAZY = {
     "RetryAfter": "django_outbox.exceptions",
     "UniqueJob": "django_outbox.models",
     "UnknownStream": "django_outbox.exceptions",
+    "apublish": "django_outbox.publishing",
+    "apublish_many": "django_outbox.publishing",
     "publish": "django_outbox.publishing",
     "publish_many": "django_outbox.publishing",
     "wake": "django_outbox.runs",
@@ -54,7 +58,7 @@ if TYPE_CHECKING:
         UnknownStream,
     )
     from django_outbox.models import UniqueJob
-    from django_outbox.publishing import publish, publish_many
+    from django_outbox.publishing import apublish, apublish_many, publish, publish_many
     from django_outbox.runs import wake
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
 
-from django_outbox import budget, heartbeat, isolate, ordering
+from django_outbox import budget, heartbeat, isolate, ordering, tracing
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops, connection_for
@@ -75,17 +75,17 @@ def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
     return taken[0] if taken else None
 
 
-def _take(config: StreamConfig, group_id: uuid.UUID) -> tuple[int, uuid.UUID | None] | None:
+def _take(config: StreamConfig, group_id: uuid.UUID) -> tuple[int, uuid.UUID | None, int] | None:
     """:func:`take_lease`, with the group's sibling (the other half of the split it came
-    from, :mod:`django_outbox.isolate`; None for a claimed group)."""
+    from, :mod:`django_outbox.isolate`; None for a claimed group) and split depth."""
     taken = group_leases(config).take_row(
         group_id,
         worker_identity(),
         where={"stream": config.name, "state": GroupState.CLAIMED},
         next_attempt=True,
-        returning=("sibling_id",),
+        returning=("sibling_id", "split_depth"),
     )
-    return (taken[0], taken[1]) if taken else None
+    return (taken[0], taken[1], taken[2]) if taken else None
 
 
 def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
@@ -101,8 +101,8 @@ def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
     )
     if taken is None:
         return ProcessOutcome.SKIPPED
-    attempt, sibling = taken
-    outcome = run_attempt(config, group_id, attempt)
+    attempt, sibling, split_depth = taken
+    outcome = run_attempt(config, group_id, attempt, split_depth)
     if sibling is not None and outcome is ProcessOutcome.DONE:
         _tell_sibling(config, sibling)
     return outcome
@@ -124,8 +124,12 @@ def _tell_sibling(config: StreamConfig, sibling: uuid.UUID) -> None:
     )
 
 
-def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome:
+def run_attempt(
+    config: StreamConfig, group_id: uuid.UUID, attempt: int, split_depth: int = 0
+) -> ProcessOutcome:
     """Run attempt *attempt* of a group whose lease this worker holds: handler, finalize.
+
+    With OpenTelemetry the attempt runs in a delivery span (:func:`tracing.deliver`).
 
     The run loop calls it directly for a group it claimed already running (attempt 1);
     :func:`process_group` calls it after taking the lease of a queued group.
@@ -142,7 +146,14 @@ def run_attempt(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Proc
         deferred = _await_budget(config, group_id, attempt)
         if deferred is not None:
             return deferred
-    batch = Batch(config, group_id, attempt)
+    with tracing.deliver(config.name, group_id, attempt, split_depth) as links:
+        outcome = _run_attempt(Batch(config, group_id, attempt, links=links))
+        tracing.outcome(links, outcome.value)
+    return outcome
+
+
+def _run_attempt(batch: Batch) -> ProcessOutcome:
+    config = batch.config
     alias = connection_for(OutboxGroup).alias
     for rerun in range(OUTAGE_RERUNS + 1):
         try:

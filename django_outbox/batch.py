@@ -17,12 +17,14 @@ from functools import cached_property
 from typing import Any
 
 from django.db.models import QuerySet
+from django.db.models.query import ModelIterable
 
 from django_outbox import transport
 from django_outbox.conf import StreamConfig
 from django_outbox.db import buffer_ops
 from django_outbox.lease import LeaseTable, RetryPolicy
 from django_outbox.models import GroupState, OutboxGroup
+from django_outbox.tracing import Links
 
 __all__ = [
     "Batch",
@@ -53,8 +55,12 @@ class Batch:
     as dicts (one query, no model instances) for handlers that serialize many rows.
     """
 
-    def __init__(self, config: StreamConfig, group_id: uuid.UUID, attempt: int) -> None:
+    def __init__(
+        self, config: StreamConfig, group_id: uuid.UUID, attempt: int, links: Links | None = None
+    ) -> None:
         self.config = config
+        #: The delivery span's producer links (OpenTelemetry), fed by the rows read.
+        self.links = links
         self.stream = config.name
         self.group_id = group_id
         self.attempt = attempt
@@ -66,7 +72,10 @@ class Batch:
 
     @property
     def events(self) -> QuerySet:
-        return self.model._default_manager.filter(group_id=self.group_id).order_by("id")
+        events = self.model._default_manager.filter(group_id=self.group_id).order_by("id")
+        if self.links is not None:
+            events._iterable_class = _linking(self.links)
+        return events
 
     def rows(self, *fields: str) -> list[dict[str, Any]]:
         """Return the group's rows as dicts of *fields* (all concrete fields by default).
@@ -75,7 +84,16 @@ class Batch:
         many rows. *fields* are column names of the buffer model (``"activity_id"``,
         ``"payload"``); use ``events.values(...)`` to follow relations.
         """
-        return buffer_ops(self.model).group_rows(self.group_id, fields)
+        if self.links is None:
+            return buffer_ops(self.model).group_rows(self.group_id, fields)
+        extra = bool(fields) and "trace_context" not in fields
+        names = (*fields, "trace_context") if extra else fields
+        rows = buffer_ops(self.model).group_rows(self.group_id, names)
+        self.links.read((row["trace_context"] for row in rows), len(rows))
+        if extra:
+            for row in rows:
+                del row["trace_context"]
+        return rows
 
     @cached_property
     def ids(self) -> list[int]:
@@ -84,6 +102,20 @@ class Batch:
     def heartbeat(self) -> None:
         """Extend the lease by ``LEASE_SECONDS``; raise :class:`LeaseLost` if it is gone."""
         group_leases(self.config).heartbeat(self.group_id, self.attempt)
+
+
+def _linking(links: Links) -> type[ModelIterable]:
+    """The queryset iterable of ``Batch.events`` that hands the rows' producers to *links*."""
+
+    class LinkingIterable(ModelIterable):
+        def __iter__(self) -> Any:
+            contexts = []
+            for event in super().__iter__():
+                contexts.append(event.__dict__.get("trace_context"))  # never a deferred load
+                yield event
+            links.read(contexts, len(contexts))
+
+    return LinkingIterable
 
 
 def group_leases(config: StreamConfig) -> LeaseTable:

@@ -45,10 +45,16 @@ def dumps(value: Any, *, cls: type[json.JSONEncoder] | None = None) -> str:
     return text
 
 
-def dumps_or(refuse: Callable[[Exception], Exception], value: Any) -> str:
-    """:func:`dumps` *value*, or raise ``refuse(error)`` (a library exception) from it."""
+def dumps_or(
+    refuse: Callable[[Exception], Exception],
+    value: Any,
+    *,
+    cls: type[json.JSONEncoder] | None = None,
+) -> str:
+    """:func:`dumps` *value* (with the encoder *cls*), or raise ``refuse(error)`` (a
+    library exception) from it."""
     try:
-        return dumps(value)
+        return dumps(value, cls=cls)
     except (TypeError, ValueError) as exc:
         raise refuse(exc) from exc
 

@@ -5,7 +5,9 @@ INSERT and nothing else: the payload is checked and serialized once, and the row
 written with a single vendor statement instead of a model save (no model signals are
 sent for ``OutboxEvent``). On PostgreSQL the same statement asks whether a run of the
 stream is in flight; when one is, the commit needs no wake of its own
-(:mod:`django_outbox.db.wake_guard`).
+(:mod:`django_outbox.db.wake_guard`). ``apublish()`` and ``apublish_many()`` are the same
+for async code: they run the sync functions in the thread Django's ORM uses for the
+caller's thread-sensitive work, so they join whatever that thread's connection is doing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db.models import JSONField, Value
 
 from django_outbox.conf import StreamConfig, get_stream
@@ -22,13 +25,18 @@ from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.jsondata import MAX_DEPTH, dumps_or
 from django_outbox.models import OutboxEvent
 from django_outbox.runs import wake
+from django_outbox.tracing import current_traceparent
 
 __all__ = [
+    "apublish",
+    "apublish_many",
     "publish",
     "publish_many",
 ]
 
 _JSON_NULL = Value(None, output_field=JSONField())
+#: The payload's encoder (``DjangoJSONEncoder``): one definition, on the field.
+_ENCODER = OutboxEvent._meta.get_field("payload").encoder
 
 
 def _check(stream: str) -> StreamConfig:
@@ -45,10 +53,13 @@ def _dumps(stream: str, payload: Any) -> str:
     return dumps_or(
         lambda exc: PayloadError(
             f"The payload for stream {stream!r} is not JSON that can be stored: {exc}. Pass "
-            "dicts, lists, strings, numbers, booleans and None only (no NaN or infinity, "
-            f"no NUL characters), nested at most {MAX_DEPTH} levels."
+            "dicts, lists, strings, numbers, booleans and None, and what Django's "
+            "DjangoJSONEncoder writes as strings (datetimes, dates, times, timedeltas, "
+            "Decimals, UUIDs, lazy strings); no NaN or infinity, no NUL characters, "
+            f"nested at most {MAX_DEPTH} levels."
         ),
         payload,
+        cls=_ENCODER,
     )
 
 
@@ -57,13 +68,21 @@ def publish(stream: str, payload: Any) -> int:
 
     The event becomes visible to workers when the surrounding transaction commits, and
     disappears with it if it rolls back. The commit wakes the stream's run loop (see
-    :func:`django_outbox.runs.wake`).
+    :func:`django_outbox.runs.wake`). With OpenTelemetry, the row records the recording
+    span's ``traceparent`` (:mod:`django_outbox.tracing`).
+
+    *payload* is JSON: dicts, lists, strings, numbers, booleans and None, plus what
+    Django's ``DjangoJSONEncoder`` encodes (``datetime``, ``date``, ``time``,
+    ``timedelta``, ``Decimal``, ``UUID``, lazy strings). Those are stored as the strings
+    that encoder writes, and the handler reads them back as strings. Anything else (and
+    NaN, infinity, NUL characters, nesting deeper than 100 levels) raises
+    :class:`~django_outbox.exceptions.PayloadError` at the call, and nothing is written.
     """
     _check(stream)
     payload_json = _dumps(stream, payload)
     ops = buffer_ops(OutboxEvent)
     started = time.monotonic()
-    event_id, guarded = ops.insert_event_guarded(stream, payload_json)
+    event_id, guarded = ops.insert_event_guarded(stream, payload_json, current_traceparent())
     wake(stream, using=ops.connection.alias, guarded_since=started if guarded else None)
     return event_id
 
@@ -71,6 +90,7 @@ def publish(stream: str, payload: Any) -> int:
 def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000) -> int:
     """Insert many events for *stream* in bulk; return how many were inserted.
 
+    Payloads are checked as :func:`publish` checks them, all before anything is written.
     The commit wakes the stream's run loop, as ``bulk_create()`` of any buffer does.
     """
     _check(stream)
@@ -82,3 +102,28 @@ def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000
         events.append(OutboxEvent(stream=stream, payload=value))
     OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
     return len(events)
+
+
+async def apublish(stream: str, payload: Any) -> int:
+    """:func:`publish` from async code (an async view, say); return the new event's id.
+
+    Runs ``publish()`` with ``sync_to_async(thread_sensitive=True)``: in the thread where
+    the request's other thread-sensitive work runs, on that thread's connection. Called
+    on its own, the INSERT commits at once (autocommit) and the commit wakes the stream.
+    To publish inside a transaction with other writes, put the transaction and its writes
+    in one sync function (with ``transaction.atomic()`` and ``publish()``) and await that
+    function through ``sync_to_async``: a transaction cannot span ``await`` points.
+    """
+    return await sync_to_async(publish, thread_sensitive=True)(stream, payload)
+
+
+async def apublish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000) -> int:
+    """:func:`publish_many` from async code; return how many events were inserted.
+
+    As :func:`apublish`: one thread-sensitive call, committed at once unless a sync
+    function holding a transaction is what calls ``publish_many()``. *payloads* is read
+    in that thread (pass a list rather than a generator over async data).
+    """
+    return await sync_to_async(publish_many, thread_sensitive=True)(
+        stream, payloads, batch_size=batch_size
+    )

@@ -27,6 +27,7 @@ drainer (schedule or ``manage.py outbox_drain``) remains the guarantee.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 import time
@@ -36,11 +37,13 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_outbox import transport
+from django_outbox import tracing, transport
 from django_outbox.conf import outbox_settings
 from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
@@ -53,12 +56,15 @@ from django_outbox.options import is_positive_int
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
 __all__ = [
+    "astage_task",
     "stage_task",
 ]
 
 logger = logging.getLogger(__name__)
 
 RUNNER = "django_outbox.tasks.run_staged"
+#: Runs a job in a span that continues the trace of the code that staged it.
+TRACED_RUNNER = "django_outbox.tasks.run_traced"
 GUARD_SCOPE = "django_outbox.staged"
 #: django-q2 task options a staged job may carry (``q_options=``).
 _Q_OPTIONS = ("cluster", "timeout", "group", "hook", "save", "task_name", "ack_failure")
@@ -150,9 +156,12 @@ def _dumps(what: str, value: Any) -> str:
     return dumps_or(
         lambda exc: StagingError(
             f"The {what} of a staged job must be JSON: {exc}. Pass ids, strings, numbers, "
-            "booleans, None, lists and dicts of them, and load objects in the task."
+            "booleans, None, lists and dicts of them (datetimes, dates, times, timedeltas, "
+            "Decimals, UUIDs and lazy strings become the strings DjangoJSONEncoder "
+            "writes), and load objects in the task."
         ),
         value,
+        cls=DjangoJSONEncoder,
     )
 
 
@@ -167,6 +176,10 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     hook, save, task_name, ack_failure), ``run_after`` (an aware datetime or a timedelta
     from now: not forwarded before), ``idempotency_key`` (the effect happens once per key)
     and ``using`` (database alias). Any other keyword is passed to the task.
+
+    Arguments are JSON, plus what Django's ``DjangoJSONEncoder`` encodes (``datetime``,
+    ``date``, ``time``, ``timedelta``, ``Decimal``, ``UUID``, lazy strings): the task
+    receives those as the strings that encoder writes, whichever way the job travels.
     """
     q_options = kwargs.pop("q_options", None) or {}
     run_after = kwargs.pop("run_after", None)
@@ -192,17 +205,44 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
     args_json = _dumps("arguments", list(args))
     kwargs_json = _dumps("keyword arguments", kwargs)
     options_json = _dumps("q_options", q_options)
+    traceparent = tracing.current_traceparent()
     forward = run_after is None and outbox_settings().staging.forward_on_commit
     if forward and transport.in_transaction_hand_off(alias):
         # The ORM broker's queue table commits or rolls back with this transaction: the
         # job is staged by writing it there directly, one INSERT and nothing to drain.
-        row = sql.TakenJob(0, path, list(args), kwargs, q_options, idempotency_key, None, None)
+        # The task gets its arguments as JSON gives them back, as from a staged row.
+        row = sql.TakenJob(
+            0,
+            path,
+            json.loads(args_json),
+            json.loads(kwargs_json),
+            q_options,
+            idempotency_key,
+            None,
+            None,
+            trace_context=traceparent,
+        )
         transport.submit([_job(row, kept=False)], alias=alias)
         return None
-    staged_id = sql.insert(path, args_json, kwargs_json, options_json, idempotency_key, run_after)
+    staged_id = sql.insert(
+        path, args_json, kwargs_json, options_json, idempotency_key, run_after, traceparent
+    )
     if forward:
         _forward_after_commit(staged_id, alias)
     return staged_id
+
+
+async def astage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int | None:
+    """:func:`stage_task` from async code (an async view, say), with the same arguments.
+
+    Runs ``stage_task()`` with ``sync_to_async(thread_sensitive=True)``, on the
+    connection of the thread where the request's thread-sensitive work runs. Awaited on
+    its own, the job is staged in autocommit: it commits at once and is forwarded. To
+    stage a job with other writes in one transaction, put ``transaction.atomic()``, the
+    writes and ``stage_task()`` in one sync function and await that through
+    ``sync_to_async``.
+    """
+    return await sync_to_async(stage_task, thread_sensitive=True)(func, *args, **kwargs)
 
 
 # -- the low-latency path ------------------------------------------------------------
@@ -321,8 +361,17 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     The row is checked as ``stage_task`` checked it: someone with write access to the
     table must not reach a function (or a ``hook``) outside the allowed modules. A
     *kept* row (a broker that can lose jobs) runs behind a guard and carries its id, so
-    that the job deletes it once it has run.
+    that the job deletes it once it has run. A job staged inside a recording span runs
+    through :data:`TRACED_RUNNER`, which continues that trace.
     """
+    job = _untraced_job(row, kept)
+    if row.trace_context is None:
+        return job
+    args = (row.trace_context, job.func, list(job.args), job.kwargs)
+    return transport.Job(TRACED_RUNNER, args, job.cluster, options=job.options, save=job.save)
+
+
+def _untraced_job(row: sql.TakenJob, kept: bool) -> transport.Job:
     task_path(row.func)
     if not isinstance(row.args, list):
         raise StagingError(f"The arguments of a staged job must be a JSON list, not {row.args!r}.")
@@ -344,6 +393,17 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     return transport.Job(
         row.func, tuple(row.args), cluster, kwargs=row.kwargs, options=options, save=save
     )
+
+
+def run_traced(traceparent: str, func: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a staged job (*func*: its function, or :data:`RUNNER` with its arguments) in
+    the span ``django_outbox.staged <function>``, a child of the span that staged it."""
+    target = import_string(RUNNER if func == RUNNER else task_path(func))
+    function = args[1] if func == RUNNER else func
+    with tracing.continued(
+        f"django_outbox.staged {function}", traceparent, {"django_outbox.function": function}
+    ):
+        return target(*args, **kwargs)
 
 
 def _caller_scope(func: str) -> str:

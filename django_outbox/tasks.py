@@ -15,6 +15,7 @@ from django_outbox.prune import prune_all
 from django_outbox.runs import run as run_stream
 from django_outbox.staging import GUARD_SCOPE, drain_until_empty
 from django_outbox.staging import run_staged as run_staged_job
+from django_outbox.staging import run_traced as run_traced_job
 from django_outbox.unique.dispatch import dispatch, dispatch_all, run_jobs
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "prune",
     "run",
     "run_staged",
+    "run_traced",
     "run_unique_jobs",
 ]
 
@@ -55,6 +57,13 @@ def run_staged(
     """Run a forwarded staged job behind its idempotency guard (*scope*, *staged_id*:
     see staging)."""
     return run_staged_job(key, func, args, kwargs, scope or GUARD_SCOPE, staged_id)
+
+
+def run_traced(
+    traceparent: str, func: str, args: list[Any], kwargs: dict[str, Any] | None = None
+) -> Any:
+    """Run a forwarded staged job in a span continuing the trace that staged it."""
+    return run_traced_job(traceparent, func, args, kwargs or {})
 
 
 def prune() -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ BASE = {
     "django_outbox.jsondata",
     "django_outbox.backoff",
     "django_outbox.oncommit",
+    "django_outbox.tracing",
     "django_outbox.db.dialect",
     "django_outbox.db.transient",
     "django_outbox.unique",
@@ -270,6 +271,7 @@ PUBLIC = (
     "django_outbox.tasks",
     "django_outbox.tasks_backend",
     "django_outbox.tasks_backend.backend",
+    "django_outbox.tracing",
 )
 
 
@@ -283,7 +285,7 @@ def declared(name: str) -> tuple[list[str] | None, set[str]]:
     for node in tree.body:
         inner = node.body if isinstance(node, ast.If) else [node]  # if TYPE_CHECKING
         for item in inner:
-            if isinstance(item, (ast.FunctionDef, ast.ClassDef)):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 bound.add(item.name)
             elif isinstance(item, (ast.Import, ast.ImportFrom)):
                 bound.update((alias.asname or alias.name).split(".")[0] for alias in item.names)

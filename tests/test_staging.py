@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from unittest import mock
 
 import pytest
@@ -13,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
+from django.utils.translation import gettext_lazy
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
@@ -562,3 +565,30 @@ def test_two_concurrent_drainers_forward_every_job_exactly_once():
     labels = [task["args"][0] for task in queued()]
     assert sorted(labels) == sorted(f"job-{n}" for n in range(2000))
     assert StagedJob.objects.count() == 0
+
+
+@pytest.mark.parametrize("forward_on_commit", [True, False], ids=["handed-off", "drained"])
+def test_arguments_djangos_encoder_encodes_reach_the_task_as_its_strings(forward_on_commit):
+    when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    price = Decimal("9.50")
+    with contextlib.ExitStack() as stack:
+        if not forward_on_commit:
+            stack.enter_context(without_forward_on_commit())
+        with transaction.atomic():
+            stage_task(RECORD, "typed", {"at": when, "price": price, "note": gettext_lazy("hi")})
+            stage_task("tests.testapp.jobs.record_kwargs", "kw", at=when)
+        with transport.capture() as captured:
+            drain()
+            if forward_on_commit:
+                captured.extend(
+                    transport.Job(task["func"], task["args"], kwargs=task["kwargs"])
+                    for task in queued()
+                )
+        for job in captured:
+            job.run()
+
+    effects = dict(JobEffect.objects.values_list("label", "value"))
+    assert effects == {
+        "typed": {"at": "2026-03-01T12:00:00Z", "price": "9.50", "note": "hi"},
+        "kw": {"at": "2026-03-01T12:00:00Z"},
+    }

@@ -116,6 +116,28 @@ def test_the_commit_hands_the_task_to_workers_not_the_enqueue():
     assert record.get_result(result.id).return_value is None
 
 
+def test_aenqueue_joins_the_callers_transaction_and_its_commit_hands_the_task_over():
+    """Django's ``aenqueue()`` (thread-sensitive) and ours, ``aenqueue_many()``."""
+    with transport.capture() as queue:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            async_to_sync(record.aenqueue)("rolled back")
+            async_to_sync(record.aenqueue_many)([(("rolled back too",), {})])
+            assert TaskRecord.objects.count() == 2
+            raise RuntimeError("roll back")
+        assert list(queue) == [] and not TaskRecord.objects.exists()
+
+        result = async_to_sync(record.aenqueue)("committed")
+        [many] = async_to_sync(record.aenqueue_many)([(("committed too",), {})])
+        assert [job.func for job in queue] == [RUN, RUN]  # each commit kicked the dispatch
+        run_all(queue)
+    assert sorted(JobEffect.objects.values_list("label", flat=True)) == [
+        "committed",
+        "committed too",
+    ]
+    statuses = {record.get_result(r.id).status for r in (result, many)}
+    assert statuses == {TaskResultStatus.SUCCESSFUL}
+
+
 def test_get_result_refuses_unknown_ids_and_results_of_another_task():
     with transport.capture():
         email = send_email.enqueue("a@example.com")

@@ -195,20 +195,26 @@ class BufferOps:
             )
         return field
 
-    def insert_event(self, stream: str, payload_json: str) -> int:
-        """Insert one row into the generic buffer; return its id. One statement."""
+    def insert_event(self, stream: str, payload_json: str, trace_context: str | None = None) -> int:
+        """Insert one row into the generic buffer; return its id. One statement.
+
+        *trace_context* (a ``traceparent``) is written only when given.
+        """
+        traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}) RETURNING id",
-            [stream, payload_json],
+            f"INSERT INTO {self.table} (created_at, stream, payload{traced[0]}) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{traced[1]}) RETURNING id",
+            [stream, payload_json, *traced[2]],
         )
         assert row is not None
         return int(row[0])
 
-    def insert_event_guarded(self, stream: str, payload_json: str) -> tuple[int, bool]:
+    def insert_event_guarded(
+        self, stream: str, payload_json: str, trace_context: str | None = None
+    ) -> tuple[int, bool]:
         """Insert one row into the generic buffer; return its id and whether the commit
         may skip the wake (:mod:`django_outbox.db.wake_guard`). One statement."""
-        return self.insert_event(stream, payload_json), False
+        return self.insert_event(stream, payload_json, trace_context), False
 
     def archive_group(self, group_id: uuid.UUID, move: Move) -> int:
         """Archive (when ``move.archive``) and delete the group's rows but ``move.keep_ids``.

@@ -38,14 +38,17 @@ class PostgresBufferOps(BufferOps):
             [*params, floor],
         )
 
-    def insert_event_guarded(self, stream: str, payload_json: str) -> tuple[int, bool]:
+    def insert_event_guarded(
+        self, stream: str, payload_json: str, trace_context: str | None = None
+    ) -> tuple[int, bool]:
         if connections[router.db_for_write(StreamState)] is not self.connection:
-            return super().insert_event_guarded(stream, payload_json)
+            return super().insert_event_guarded(stream, payload_json, trace_context)
+        traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}) "
+            f"INSERT INTO {self.table} (created_at, stream, payload{traced[0]}) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{traced[1]}) "
             f"RETURNING id, {wake_guard.FUNCTION}(%s)",
-            [stream, payload_json, stream],
+            [stream, payload_json, *traced[2], stream],
         )
         assert row is not None
         return int(row[0]), bool(row[1])

@@ -31,6 +31,7 @@ COLUMNS = (
     "run_after",
     "forward_count",
     "last_error",
+    "trace_context",
 )
 
 
@@ -50,6 +51,8 @@ class TakenJob:
     forward_count: int = 0
     #: Set when the row was due again after ``max_forwards`` forwards: kept, not forwarded.
     last_error: str = ""
+    #: The ``traceparent`` of the span that staged the job (OpenTelemetry), if any.
+    trace_context: str | None = None
 
 
 def _model() -> type[StagedJob]:
@@ -64,8 +67,12 @@ def insert(
     options_json: str,
     idempotency_key: str,
     run_after: datetime | None,
+    trace_context: str | None = None,
 ) -> int:
-    """Insert one staged job in the current transaction; return its id."""
+    """Insert one staged job in the current transaction; return its id.
+
+    *trace_context* (a ``traceparent``) is written only when given.
+    """
     model = _model()
     connection = connection_for(model)
     dialect = dialect_of(connection)
@@ -76,12 +83,21 @@ def insert(
         if run_after is not None
         else None
     )
+    traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (func, args, kwargs, q_options, idempotency_key, "
-            f"created_at, run_after, last_error) VALUES (%s, %s{cast}, %s{cast}, %s{cast}, "
-            f"%s, {dialect.now}, %s, '') RETURNING id",
-            [func, args_json, kwargs_json, options_json, idempotency_key, run_after_value],
+            f"created_at, run_after, last_error{traced[0]}) VALUES (%s, %s{cast}, %s{cast}, "
+            f"%s{cast}, %s, {dialect.now}, %s, ''{traced[1]}) RETURNING id",
+            [
+                func,
+                args_json,
+                kwargs_json,
+                options_json,
+                idempotency_key,
+                run_after_value,
+                *traced[2],
+            ],
         )
         return int(cursor.fetchone()[0])
 
@@ -199,7 +215,7 @@ def _datetime(value: Any) -> datetime | None:
 
 
 def _taken(row: Sequence[Any]) -> TakenJob:
-    id_, func, args, kwargs, options, key, created_at, run_after, forwards, error = row
+    id_, func, args, kwargs, options, key, created_at, run_after, forwards, error, trace = row
     return TakenJob(
         id=int(id_),
         func=func,
@@ -211,4 +227,5 @@ def _taken(row: Sequence[Any]) -> TakenJob:
         run_after=_datetime(run_after),
         forward_count=int(forwards or 0),
         last_error=error or "",
+        trace_context=trace or None,
     )

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.dispatch import Signal, receiver
 
 from django_outbox.conf import outbox_settings
+from django_outbox.tracing import current_traceparent
 
 UNCLAIMED_INDEX = "outbox_unclaimed"
 GROUP_INDEX = "outbox_group"
@@ -51,6 +53,12 @@ class BufferEvent(models.Model):
     id = models.BigAutoField(primary_key=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     group_id = models.UUIDField(null=True, blank=True, editable=False)
+    #: The W3C ``traceparent`` of the span that wrote the row, when one was recording
+    #: (OpenTelemetry, :mod:`django_outbox.tracing`); the handler's span links to it.
+    #: NULL, not "": no trace, and a column added to a big table without rewriting it.
+    trace_context = models.CharField(  # noqa: DJ001
+        max_length=55, null=True, blank=True, editable=False, default=current_traceparent
+    )
 
     objects = BufferManager()
 
@@ -94,10 +102,12 @@ class OutboxEvent(BufferEvent):
     """The generic buffer shared by streams that need only a JSON payload.
 
     Write to it with :func:`django_outbox.publish` / :func:`django_outbox.publish_many`.
+    The payload is encoded by Django's ``DjangoJSONEncoder`` (dates, times, durations,
+    decimals, UUIDs and lazy strings become strings) and read back as plain JSON.
     """
 
     stream = models.CharField(max_length=64)
-    payload = models.JSONField()
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
 
     class Meta(BufferEvent.Meta):
         verbose_name = "outbox event"

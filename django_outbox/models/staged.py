@@ -28,6 +28,10 @@ class StagedJob(models.Model):
         help_text="When set, the job's effect happens once per key, however often it runs.",
     )
     created_at = models.DateTimeField(db_default=Now())
+    #: The W3C ``traceparent`` of the span that staged the job (OpenTelemetry), if any.
+    trace_context = models.CharField(  # noqa: DJ001 (NULL: no trace, as on buffer rows)
+        max_length=55, null=True, blank=True, editable=False
+    )
     run_after = models.DateTimeField(
         null=True, blank=True, help_text="Not forwarded before this time (database clock)."
     )

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.db import models
 from django.db.backends.utils import names_digest
@@ -199,6 +200,32 @@ class UniqueJob(models.Model):
         from django_outbox.unique.enqueue import enqueue_many
 
         return enqueue_many(cls, items, process_after=process_after)
+
+    @classmethod
+    async def aenqueue(
+        cls, *, process_after: datetime | timedelta | None = None, **fields: Any
+    ) -> tuple[UniqueJob, bool]:
+        """:meth:`enqueue` from async code; return ``(job, created)``.
+
+        Runs ``enqueue()`` with ``sync_to_async(thread_sensitive=True)``, on the
+        connection of the thread where the request's thread-sensitive work runs: on its
+        own it commits at once (autocommit) and the commit kicks the dispatch. To enqueue
+        in one transaction with other writes, put ``transaction.atomic()``, the writes
+        and ``enqueue()`` in one sync function and await that through ``sync_to_async``.
+        """
+        enqueue = sync_to_async(cls.enqueue, thread_sensitive=True)
+        return await enqueue(process_after=process_after, **fields)
+
+    @classmethod
+    async def aenqueue_many(
+        cls,
+        items: Iterable[dict[str, Any]],
+        *,
+        process_after: datetime | timedelta | None = None,
+    ) -> list[UniqueJob]:
+        """:meth:`enqueue_many` from async code, as :meth:`aenqueue` runs ``enqueue()``."""
+        enqueue_many = sync_to_async(cls.enqueue_many, thread_sensitive=True)
+        return await enqueue_many(items, process_after=process_after)
 
     @classmethod
     def dispatch(cls) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
+from asgiref.sync import sync_to_async
 from django.core.checks import CheckMessage
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
@@ -30,6 +31,7 @@ from django.utils.module_loading import import_string
 
 from django_outbox.exceptions import LeaseLost
 from django_outbox.tasks_backend.options import TASK_KIND
+from django_outbox.tracing import current_traceparent
 
 if TYPE_CHECKING:
     from django_outbox.tasks_backend.models import TaskRecord
@@ -87,6 +89,13 @@ class OutboxTask(Task):
         """Enqueue one task per ``(args, kwargs)`` pair, in bulk (see the backend's)."""
         backend = cast("OutboxTaskBackend", self.get_backend())
         return backend.enqueue_many(self, calls)
+
+    async def aenqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[TaskResult]:
+        """:meth:`enqueue_many` from async code, as Django's ``aenqueue()`` runs
+        ``enqueue()``: ``sync_to_async(thread_sensitive=True)``."""
+        return await sync_to_async(self.enqueue_many, thread_sensitive=True)(calls)
 
 
 class OutboxTaskBackend(BaseTaskBackend):
@@ -169,6 +178,7 @@ class OutboxTaskBackend(BaseTaskBackend):
                 ("unique_key", getattr(task, "unique_key", None)),
                 ("idempotency_key", getattr(task, "idempotency_key", None) or ""),
                 ("worker_ids", ""),
+                ("trace_context", current_traceparent()),
             ],
         )
         arguments = [self._arguments(task, args, kwargs) for args, kwargs in calls]

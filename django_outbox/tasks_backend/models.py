@@ -44,6 +44,10 @@ class TaskRecord(UniqueJob):
     worker_ids = models.TextField(
         blank=True, default="", help_text="The worker of each attempt, one per line."
     )
+    #: The W3C ``traceparent`` of the span that enqueued the task (OpenTelemetry), if any.
+    trace_context = models.CharField(  # noqa: DJ001 (NULL: no trace, as on buffer rows)
+        max_length=55, null=True, blank=True, editable=False
+    )
 
     class Job:
         unique_fields = ["task_path", "unique_key"]

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('benchmarks', '0005_widebenchjob'),
+        ('benchmarks', '0006_keyed_events'),
     ]
 
     operations = [
