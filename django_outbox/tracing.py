@@ -34,6 +34,7 @@ MAX_LINKS = 32
 #: The instrumentation scope of our spans.
 SCOPE = "django_outbox"
 
+_installed: Any
 try:  # at import, so that forked workers (django-q2) share it: no import mid-work
     from opentelemetry import trace as _installed
 except ImportError:
@@ -47,11 +48,12 @@ def _trace() -> Any:
     """The ``opentelemetry.trace`` module, or None when the API is not installed."""
     global _api
     if _api is None:
+        found: Any
         try:
-            from opentelemetry import trace
+            from opentelemetry import trace as found
         except ImportError:
-            trace = False
-        _api = trace
+            found = False
+        _api = found
     return _api or None
 
 

@@ -36,13 +36,21 @@ EXPORTER = InMemorySpanExporter()
 GROUP = uuid.UUID("00000000-0000-0000-0000-000000000001")
 
 
+_INSTALLED: list[bool] = []
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _provider():
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:  # set earlier in this session
-        trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(EXPORTER))
+    """Export to EXPORTER once per session. pytest-django runs transactional tests after
+    the others, so this module's fixture can be set up twice in one session; a second
+    processor would export every span twice."""
+    if not _INSTALLED:
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        trace.set_tracer_provider(provider)
+        if trace.get_tracer_provider() is not provider:  # set earlier in this session
+            trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(EXPORTER))
+        _INSTALLED.append(True)
     yield
 
 
