@@ -47,7 +47,11 @@ from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.base import Claimed
 from django_outbox.db.runs import publishers_done, raise_wake_epoch, runs_in_flight, wake_state
 from django_outbox.db.transient import outlast_outage, retry_transient
-from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS, PUBLISHERS_WAIT_SECONDS
+from django_outbox.db.wake_guard import (
+    LONG_TRANSACTION_SECONDS,
+    PUBLISHERS_WAIT_SECONDS,
+    relied_on_recently,
+)
 from django_outbox.lease import worker_identity
 from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.oncommit import on_commit_once
@@ -268,10 +272,8 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
 
 def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
     """The commit's wake: none when a run in flight waits for every row it wrote."""
-    if None not in guarded_since:
-        since = min(s for s in guarded_since if s is not None)
-        if time.monotonic() - since <= LONG_TRANSACTION_SECONDS:
-            return False
+    if relied_on_recently(guarded_since, LONG_TRANSACTION_SECONDS):
+        return False
     return wake_now(stream)
 
 

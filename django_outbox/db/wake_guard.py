@@ -25,6 +25,8 @@ dispatches once more.
 
 from __future__ import annotations
 
+import time
+
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
@@ -139,6 +141,15 @@ def create_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
 def drop_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_DROP_JOB, params=None)
+
+
+def relied_on_recently(guarded_since: list[float | None], long_seconds: float) -> bool:
+    """Whether a commit may skip its wake: every write of it was guarded (a ``time.
+    monotonic()`` when its INSERT took the lock, None for an unguarded write) and the
+    earliest is at most *long_seconds* old (a worker in flight still waits for it)."""
+    if not guarded_since or None in guarded_since:
+        return False
+    return time.monotonic() - min(s for s in guarded_since if s is not None) <= long_seconds
 
 
 def guarded(connection: BaseDatabaseWrapper) -> bool:

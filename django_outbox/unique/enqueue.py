@@ -24,7 +24,7 @@ from django_outbox import transport
 from django_outbox.conf import outbox_settings
 from django_outbox.db.base import concrete_field
 from django_outbox.db.unique import JobTable
-from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS
+from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS, relied_on_recently
 from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
 from django_outbox.jsondata import dumps, storable_text
@@ -280,10 +280,8 @@ def _dispatch(label: str, guarded_since: list[float | None]) -> None:
     """Dispatch a kind after an enqueue committed: here, or handed to a worker by the
     process's dispatcher thread (``DISPATCH_ON_COMMIT``); a failure leaves it to the
     schedule. Nothing when a worker in flight waits for every insert of the commit."""
-    if None not in guarded_since:
-        since = min(s for s in guarded_since if s is not None)
-        if time.monotonic() - since <= LONG_TRANSACTION_SECONDS:
-            return
+    if relied_on_recently(guarded_since, LONG_TRANSACTION_SECONDS):
+        return
     if outbox_settings().dispatch_on_commit == "thread":
         from django_outbox.unique.background import DISPATCHER
 
