@@ -110,14 +110,14 @@ def in_transaction_hand_off(alias: str | None = None) -> bool:
     return broker_alias is not None and broker_alias == (alias or _our_alias()) and not _sync_mode()
 
 
-def queue_row(job: Job, alias: str) -> tuple[str, str, str] | None:
-    """django-q2's queue table, the cluster key and the signed package of *job*, for a
-    statement on *alias* to insert in the caller's transaction (exactly-once hand-off);
-    None when jobs on *alias* are not handed over that way (another broker, django-q2's
-    sync mode, or :func:`capture`)."""
+def queue_row(job: Job, alias: str) -> tuple[str, str] | None:
+    """The cluster key and the signed package of *job*, for a statement on *alias* to
+    insert into django-q2's queue table in the caller's transaction (exactly-once
+    hand-off); None when jobs on *alias* are not handed over that way (another broker,
+    django-q2's sync mode, or :func:`capture`)."""
     if getattr(_local, "queue", None) is not None or not in_transaction_hand_off(alias):
         return None
-    return OrmQ._meta.db_table, job.cluster or Conf.CLUSTER_NAME, _package(job)
+    return job.cluster or Conf.CLUSTER_NAME, _package(job)
 
 
 def cluster_options(cluster: str | None) -> dict[str, Any] | None:

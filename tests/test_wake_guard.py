@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
@@ -46,9 +49,10 @@ def a_run_in_flight() -> transport.Job:
 class Publisher(threading.Thread):
     """Publish one event on a connection of its own; commit when told to."""
 
-    def __init__(self, n: int, commit_when: Callable[[], bool]) -> None:
+    def __init__(self, n: int, commit_when: Callable[[], bool], *, capture: bool = True) -> None:
         super().__init__()
         self.n = n
+        self.capture = capture  # False: jobs go to django-q2's queue table, as in production
         self.commit_when = commit_when
         self.published = threading.Event()
         self.jobs: list[transport.Job] = []
@@ -60,7 +64,7 @@ class Publisher(threading.Thread):
 
     def run(self) -> None:
         try:
-            with transport.capture() as jobs:
+            with transport.capture() if self.capture else nullcontext([]) as jobs:
                 with CaptureQueriesContext(connections["default"]) as queries:
                     with transaction.atomic():
                         self.write()
@@ -292,3 +296,95 @@ def test_an_enqueue_that_finds_a_twin_queues_no_wake():
     with transaction.atomic():
         _, created = ThrottledJob.enqueue(key="a")
     assert not created and OrmQ.objects.count() == 1
+
+
+# -- a burst of enqueues before a worker is free: one wake -----------------------------
+
+
+def take(row: OrmQ) -> dict:
+    """What a worker of the ORM broker does when it takes a queued task: lock it for
+    django-q2's retry period (it is no longer waiting), and read its package."""
+    OrmQ.objects.filter(id=row.id).update(lock=timezone.now() + timedelta(seconds=60))
+    return SignedPackage.loads(row.payload)
+
+
+def statements_of(queries: CaptureQueriesContext) -> list[str]:
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
+    return [q["sql"] for q in queries if not q["sql"].startswith(control)]
+
+
+def test_enqueues_while_the_wake_waits_untaken_rely_on_it_and_queue_no_other():
+    """Every enqueue below concurrency is still one statement; the first queues the
+    kind's wake, the next ones find it waiting and queue nothing; the worker that takes
+    it runs them all."""
+    with transaction.atomic():
+        ThrottledJob.enqueue(key="a")
+    for key in ("b", "c"):
+        with CaptureQueriesContext(connection) as queries:
+            with transaction.atomic():
+                _, created = ThrottledJob.enqueue(key=key)
+        assert created and len(statements_of(queries)) == 1, statements_of(queries)
+        after = queries.captured_queries[[q["sql"] for q in queries].index("COMMIT") + 1 :]
+        assert not after  # nothing after the commit: the queued wake will dispatch them
+    (row,) = OrmQ.objects.all()
+    task = take(row)
+
+    assert run_all(task["args"]) == [JobOutcome.PROCESSED] * 3
+    assert set(ThrottledJob.objects.values_list("state", flat=True)) == {JobState.PROCESSED}
+
+
+def run_all(args: tuple) -> list[JobOutcome]:
+    """Run the task a worker took, and the chunks it hands to other workers."""
+    with transport.capture() as handed:
+        outcomes = run_jobs(*args)
+    for job in handed:
+        assert job.func == RUN
+        outcomes += run_all(job.args)
+    return outcomes
+
+
+def test_an_enqueue_after_the_wake_was_taken_queues_a_wake_of_its_own():
+    with transaction.atomic():
+        ThrottledJob.enqueue(key="a")
+    take(OrmQ.objects.get())  # taken: its worker may have dispatched already
+    with transaction.atomic():
+        ThrottledJob.enqueue(key="b")
+    assert OrmQ.objects.count() == 2
+    OrmQ.objects.all().delete()  # both done (acknowledged): gone from the queue
+    with transaction.atomic():
+        ThrottledJob.enqueue(key="c")
+    assert OrmQ.objects.count() == 1
+
+
+def test_the_worker_that_took_the_wake_waits_for_an_enqueue_that_relied_on_it(monkeypatch, patient):
+    """An enqueue found the wake untaken and relied on it; the worker took the wake and
+    dispatched before that enqueue committed. Its end waits for the enqueue and runs its
+    job (without the wait the job would be left to the schedule)."""
+    with transaction.atomic():
+        ThrottledJob.enqueue(key="a")
+    found = threading.Event()
+    done = JobTable.enqueuers_done
+
+    def observed(table: JobTable, epoch: int) -> bool:
+        ended = done(table, epoch)
+        if not ended:
+            found.set()
+        return ended
+
+    monkeypatch.setattr(JobTable, "enqueuers_done", observed)
+    enqueuer = Enqueuer(1, commit_when=lambda: found.wait(WAIT), capture=False)
+    enqueuer.start()
+    assert enqueuer.published.wait(WAIT)  # inserted, relying on the untaken wake
+    task = take(OrmQ.objects.get())
+
+    outcomes = run_all(task["args"])  # a; then, once the enqueue committed, k1
+    enqueuer.join(WAIT)
+    assert not enqueuer.errors
+    assert found.is_set()  # the worker found the enqueue in flight and waited
+    assert enqueuer.after_commit_queries == 0
+    assert OrmQ.objects.count() == 1  # no other wake queued
+    assert outcomes == [JobOutcome.PROCESSED] * 2
+    assert sorted(ThrottledJob.objects.values_list("key", "state")) == [
+        ("a", JobState.PROCESSED),
+        ("k1", JobState.PROCESSED),
+    ]

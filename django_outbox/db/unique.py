@@ -9,6 +9,7 @@ transactions) already serializes them.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Sequence
 from datetime import datetime
@@ -20,7 +21,7 @@ from django_outbox.db import connection_for, wake_guard
 from django_outbox.db.base import column_name, concrete_field
 from django_outbox.db.dialect import dialect_of
 from django_outbox.models.state import KindState
-from django_outbox.unique.options import kind_options
+from django_outbox.unique.options import keyless_fields, kind_options
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -33,6 +34,14 @@ PENDING, RUNNING, PROCESSED = "pending", "running", "processed"
 UNSTARTED_SQL = f"(state = '{PENDING}' OR (started_at IS NULL AND state = '{RUNNING}'))"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
 ADVISORY_NAMESPACE = 7_270_001
+
+
+#: The id and payload digest of the last wake each (database alias, kind, cluster key)
+#: queued from this process: while that django-q2 task waits untaken, an enqueue relies
+#: on it under the wake guard instead of queueing another (one wake per process for a
+#: burst of enqueues before a worker takes it). A value from a transaction that rolled
+#: back, or a task taken since, is simply not found.
+_QUEUED_WAKES: dict[tuple[str, str, str], tuple[int, str]] = {}
 
 
 def new_token() -> int:
@@ -56,8 +65,9 @@ class JobTable:
         self.table = self.qn(model._meta.db_table)
         self.now = self.dialect.now
         self._kept_cursor: tuple[Any, Any] | None = None  # (raw connection, its cursor)
-        #: Whether the last one-row insert found the kind at its concurrency, under the
-        #: wake guard's lock: its commit needs no dispatch (:mod:`.wake_guard`).
+        #: Whether the last one-row insert found the kind at its concurrency, or this
+        #: process's last wake of it untaken, under the wake guard's lock: its commit
+        #: needs no dispatch (:mod:`.wake_guard`).
         self.guarded = False
         #: Whether the last one-row insert queued the kind's wake (``wake``).
         self.woke = False
@@ -89,7 +99,7 @@ class JobTable:
         self,
         values: Sequence[tuple[Field, Any]],
         process_after: datetime | float | None,
-        wake: tuple[str, str, str] | None = None,
+        wake: tuple[str, str] | None = None,
     ) -> UniqueJob | None:
         """Insert a pending job unless one with the same unique key has not started.
 
@@ -107,15 +117,14 @@ class JobTable:
         process_after: datetime | float | None,
         returning: Sequence[str] | None = None,
         common: Sequence[tuple[Field, Any]] = (),
-        wake: tuple[str, str, str] | None = None,
+        wake: tuple[str, str] | None = None,
     ) -> list[Any]:
         """Insert pending jobs, all with the same payload fields, in one statement; skip
         each whose unique key has a job not started (an earlier row of *rows* included).
 
-        One row on PostgreSQL asks the wake guard (:attr:`guarded`); with *wake*
-        (django-q2's queue table, a cluster key and a signed package) the same statement
-        also queues that job unless the guard said a worker in flight will dispatch
-        (:attr:`woke`).
+        One row on PostgreSQL asks the wake guard (:attr:`guarded`); with *wake* (a
+        cluster key and a signed package) the same statement also queues that django-q2
+        task unless the guard said a worker will dispatch after this commit (:attr:`woke`).
 
         *common* are (field, database value) pairs every row shares, sent once instead of
         once per row. Returns the jobs inserted, in the order of *rows*: model
@@ -138,7 +147,7 @@ class JobTable:
         conflict = ""
         if self.options.unique_fields and not self._keyless(rows, common):
             target = ", ".join(self.columns(self.options.unique_fields))
-            conflict = f" ON CONFLICT ({target}) WHERE {UNSTARTED_SQL} DO NOTHING"
+            conflict = f" ON CONFLICT ({target}) WHERE {self.unstarted_with_key()} DO NOTHING"
         meta = self.model._meta
         fields: Sequence[Field[Any, Any]] = (
             meta.concrete_fields
@@ -191,24 +200,26 @@ class JobTable:
             )
         guard = len(rows) == 1 and self.guards()
         if guard:
-            skip = f"{wake_guard.JOB_FUNCTION}(%s, %s, %s)"
+            # The guard rides in the statement (one call, for the one row inserted): it
+            # answers whether the commit may skip its dispatch, and with *wake* queues
+            # that task unless a worker in flight, or the wake this process queued last
+            # and no worker has taken yet, will dispatch after this commit.
+            queued_key = (self.alias, self.model._meta.label, wake[0] if wake else "")
+            sql += (
+                f", {wake_guard.JOB_FUNCTION}(%s, %s, %s, %s::bigint, %s::text, %s::text, %s::text)"
+            )
             params += [self.model._meta.label, self.table, self.options.concurrency]
-            if wake is None:
-                sql += f", {skip}"
-            else:
-                # The wake rides in the same statement: django-q2's queue row for a
-                # worker to dispatch, unless a worker in flight will (the guard's skip).
-                queue, key, package = wake
-                sql = (
-                    f"WITH job AS ({sql}), g AS (SELECT {skip} AS skip), "
-                    f"q AS (INSERT INTO {self.qn(queue)} (key, payload, lock) "
-                    f"SELECT %s, %s, {self.now} FROM job, g WHERE NOT g.skip) "
-                    "SELECT job.*, g.skip FROM job, g"
-                )
-                params += [key, package]
+            last_id, last_digest = _QUEUED_WAKES.get(queued_key, (None, None))
+            params += [last_id, last_digest, *(wake or (None, None))]
         found = self._rows(sql, params)
-        self.guarded = guard and bool(found) and bool(found[0][-1])
-        self.woke = guard and wake is not None and bool(found) and not self.guarded
+        answer = found[0][-1] if guard and found else wake_guard.JOB_WAKE_AFTER_COMMIT
+        self.guarded = answer == wake_guard.JOB_SKIP
+        self.woke = answer > 0
+        if self.woke and wake is not None:
+            _QUEUED_WAKES[queued_key] = (
+                answer,
+                hashlib.md5(wake[1].encode(), usedforsecurity=False).hexdigest(),
+            )
         if guard:
             found = [row[:-1] for row in found]
         if returning is not None:
@@ -216,6 +227,17 @@ class JobTable:
             return sorted(values, key=lambda row: row[0])
         created = [self._instance(fields, row) for row in found]
         return sorted(created, key=lambda job: job.pk)
+
+    def unstarted_with_key(self) -> str:
+        """The unique index's condition as its conflict target names it (the same form
+        as Django compiles ``models.unique.unstarted_with_key``: SQLite compares them)."""
+        keyed = [
+            f"{self.qn(column_name(concrete_field(self.model, name)))} IS NOT NULL"
+            for name in keyless_fields(self.model)
+        ]
+        if not keyed:
+            return UNSTARTED_SQL
+        return f"({' AND '.join([UNSTARTED_SQL, *keyed])})"
 
     def guards(self) -> bool:
         """Whether a one-row insert asks the wake guard (PostgreSQL, with the kinds'

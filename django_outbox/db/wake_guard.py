@@ -20,7 +20,11 @@ The same guard serves unique-job kinds and the ``django.tasks`` backend: an
 ``enqueue()`` whose INSERT finds the kind at its concurrency (every chunk in flight
 dispatches when it ends) skips the dispatch after its commit; a worker whose chunks
 have ended raises the kind's epoch (``KindState``), waits for those enqueues, and
-dispatches once more.
+dispatches once more. Below its concurrency, with django-q2's ORM broker on the kind's
+database, the INSERT queues the kind's wake itself (a ``run_unique_jobs`` task for a
+worker to dispatch, committed with the job), unless the wake this process queued last
+still waits untaken: the worker that takes it ends the same way, so a burst of
+enqueues before any worker is free queues one wake per process, not one per job.
 """
 
 from __future__ import annotations
@@ -78,47 +82,77 @@ END
 $$;
 """
 
-JOB_FUNCTION = "django_outbox_job_wake_skip"
+JOB_FUNCTION = "django_outbox_job_wake"
 
 #: A kind's lock keys: the kind's hash and the epoch (modulo 2**31).
 JOB_LOCK_KEYS = "hashtext('django_outbox.dispatch:' || {kind}), mod({epoch}, 2147483647)::int4"
 
 _JOB_FUNCTION_KEYS = JOB_LOCK_KEYS.format(kind="p_kind", epoch="v_epoch")
 
+#: The answers of the job function besides the id of a wake it queued.
+JOB_SKIP, JOB_WAKE_AFTER_COMMIT = 0, -1
+
 #: ``p_table`` is the kind's quoted table name (from its model, never from input).
+#: ``p_last_wake``/``p_last_digest``: the id and the payload's MD5 of the wake of the kind
+#: this process queued last; while it waits in django-q2's queue untaken, the worker
+#: that takes it dispatches and its end waits for this enqueue, as any worker's end
+#: does (the digest: an id a reset sequence gave another row is not that wake).
+#: ``p_key``/``p_payload``: the cluster key and signed package of a wake to queue (the
+#: ORM broker on this database), else NULL. Each check reads after the epoch: a worker
+#: that raised it before could not have waited for this enqueue.
 _CREATE_JOB = f"""
-CREATE OR REPLACE FUNCTION {JOB_FUNCTION}(p_kind text, p_table text, p_concurrency integer)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+CREATE OR REPLACE FUNCTION {JOB_FUNCTION}(
+    p_kind text, p_table text, p_concurrency integer,
+    p_last_wake bigint, p_last_digest text, p_key text, p_payload text
+) RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_epoch bigint;
     v_running integer;
+    v_relied boolean;
+    v_id bigint;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RETURN false;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        LOOP
+            -- No state row yet: epoch 0, the one a worker's first end raises.
+            v_epoch := coalesce(
+                (SELECT k.wake_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind), 0);
+            v_relied := false;
+            IF p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
+                v_relied := EXISTS (SELECT 1 FROM django_q_ormq q
+                                    WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
+                                    AND md5(q.payload) = p_last_digest);
+            END IF;
+            IF NOT v_relied THEN
+                EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE state = %L '
+                               'ORDER BY lease_expires_at LIMIT %s) r',
+                               p_table, 'running', p_concurrency)
+                   INTO v_running;
+                v_relied := v_running >= p_concurrency;
+            END IF;
+            EXIT WHEN NOT v_relied;
+            PERFORM pg_advisory_xact_lock_shared({_JOB_FUNCTION_KEYS});
+            IF coalesce((SELECT k.wake_epoch FROM django_outbox_kindstate k
+                         WHERE k.kind = p_kind), 0) = v_epoch THEN
+                RETURN {JOB_SKIP};
+            END IF;
+        END LOOP;
     END IF;
-    LOOP
-        SELECT k.wake_epoch INTO v_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind;
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
-        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE state = %L '
-                       'ORDER BY lease_expires_at LIMIT %s) r', p_table, 'running', p_concurrency)
-           INTO v_running;
-        IF v_running < p_concurrency THEN
-            RETURN false;
-        END IF;
-        PERFORM pg_advisory_xact_lock_shared({_JOB_FUNCTION_KEYS});
-        IF (SELECT k.wake_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind) = v_epoch
-        THEN
-            RETURN true;
-        END IF;
-    END LOOP;
+    IF p_payload IS NULL THEN
+        RETURN {JOB_WAKE_AFTER_COMMIT};
+    END IF;
+    INSERT INTO django_q_ormq (key, payload, lock)
+        VALUES (p_key, p_payload, statement_timestamp()) RETURNING id INTO v_id;
+    RETURN v_id;
 END
 $$;
 """
+#: The function of migration 0014 before it queued wakes (dropped by migration 0019).
+_DROP_JOB_BEFORE_WAKES = "DROP FUNCTION IF EXISTS django_outbox_job_wake_skip(text, text, integer);"
 
 _DROP = f"DROP FUNCTION IF EXISTS {FUNCTION}(text);"
-_DROP_JOB = f"DROP FUNCTION IF EXISTS {JOB_FUNCTION}(text, text, integer);"
+_DROP_JOB = (
+    f"DROP FUNCTION IF EXISTS {JOB_FUNCTION}(text, text, integer, bigint, text, text, text);"
+)
 
 
 def create_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
@@ -141,6 +175,14 @@ def create_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
 def drop_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_DROP_JOB, params=None)
+
+
+def replace_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Install the function that queues wakes and drop its predecessor, on a database
+    that ran migration 0014 before the function queued them."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_CREATE_JOB, params=None)
+        schema_editor.execute(_DROP_JOB_BEFORE_WAKES, params=None)
 
 
 def relied_on_recently(guarded_since: list[float | None], long_seconds: float) -> bool:

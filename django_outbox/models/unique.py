@@ -39,7 +39,7 @@ from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.dispatch import receiver
 
-from django_outbox.unique.options import KindOptions, kind_options
+from django_outbox.unique.options import KindOptions, keyless_fields, kind_options
 
 __all__ = [
     "JobState",
@@ -253,6 +253,19 @@ def _index_name(table: str, role: str, fields: Sequence[str]) -> str:
     return f"{table[:12].rstrip('_')}_{role}_{digest}"
 
 
+def unstarted_with_key(model: type[UniqueJob]) -> Q:
+    """The unique index's condition: jobs not started (:data:`UNSTARTED`) whose key
+    holds no NULL (a keyless job never conflicts, so it costs the index nothing)."""
+    return with_keys(UNSTARTED, keyless_fields(model))
+
+
+def with_keys(condition: Q, nullable: Sequence[str]) -> Q:
+    """*condition*, and none of the *nullable* key fields NULL."""
+    for name in nullable:
+        condition &= Q(**{f"{name}__isnull": False})
+    return condition
+
+
 @receiver(class_prepared)
 def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
     """Give each concrete kind the partial indexes its options call for.
@@ -260,6 +273,7 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
     * unique fields among jobs not started, :data:`UNSTARTED` (unique until a worker
       starts the job; ``enqueue``'s conflict target);
     * exclusive fields among running jobs (unique while executing);
+    (a job whose key holds a NULL, ``nullable_keys``, has no key: it is in neither);
     * the dispatch order among pending jobs: ``id`` (``created``) or
       ``process_after, id`` (``ready``), and the exclusive key when several jobs of a
       key can be pending;
@@ -284,15 +298,16 @@ def _add_kind_indexes(sender: type[models.Model], **kwargs: Any) -> None:
         constraints.append(
             models.UniqueConstraint(
                 fields=list(options.unique_fields),
-                condition=UNSTARTED,
+                condition=unstarted_with_key(sender),
                 name=_index_name(table, "pend", options.unique_fields),
             )
         )
     if options.exclusive_fields:
+        keyed = keyless_fields(sender, options.exclusive_fields)
         constraints.append(
             models.UniqueConstraint(
                 fields=list(options.exclusive_fields),
-                condition=running,
+                condition=with_keys(running, keyed),
                 name=_index_name(table, "run", options.exclusive_fields),
             )
         )

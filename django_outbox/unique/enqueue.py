@@ -265,7 +265,7 @@ def _since(table: JobTable, started: float) -> float | None:
     return started if table.guarded else None
 
 
-def _wake(table: JobTable) -> tuple[str, str, str] | None:
+def _wake(table: JobTable) -> tuple[str, str] | None:
     """The kind's wake, a django-q2 task that dispatches in a worker, for a one-row
     insert to queue in its own statement (PostgreSQL, ORM broker on the kind's
     database); None where the commit dispatches (or ``DISPATCH_ON_COMMIT = "thread"``

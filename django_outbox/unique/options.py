@@ -7,6 +7,7 @@ values with a hint.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +108,17 @@ class KindOptions:
         jobs with the same exclusive key then have the same unique key too.
         """
         return bool(self.unique_fields) and set(self.unique_fields) <= set(self.exclusive_fields)
+
+
+def keyless_fields(model: type[UniqueJob], names: Sequence[str] | None = None) -> list[str]:
+    """The fields among *names* (the unique fields by default) that may hold NULL
+    (``nullable_keys``): a job with a NULL there has no key, and no entry in the key's
+    unique index."""
+    options = kind_options(model)
+    if not options.nullable_keys:
+        return []
+    names = options.unique_fields if names is None else names
+    return [name for name in names if model._meta.get_field(name).null]
 
 
 def declared_options(model: type[UniqueJob]) -> dict[str, Any]:
