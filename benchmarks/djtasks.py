@@ -1,7 +1,8 @@
 """The django.tasks backend against django-tasks-db, same machine, same run (Django 6.0+).
 
-Run with ``python3 dev.py bench tasks`` (``tox -e bench-tasks``: Django 6.1 with
-django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is installed.
+Run with ``python3 dev.py bench tasks [N [PAIRS]]`` (``tox -e bench-tasks``: Django 6.1
+with django-tasks-db), or ``python -m benchmarks.djtasks [N [PAIRS]]`` where Django 6 is
+installed.
 
 * end to end: N no-op tasks for each backend, from the commit of their enqueue (the
   clock starts after the last INSERT, so it counts the commit, not the enqueue calls)
@@ -9,7 +10,9 @@ django-tasks-db), or ``python -m benchmarks.djtasks [N]`` where Django 6 is inst
   ours (the commit kicks the dispatch; chunks of the task kind), two quiet
   ``db_worker --verbosity 0`` processes for django-tasks-db, as its users run them.
   The workers are started and warm before the clock starts. Ours runs with the default
-  options (``JOBS_PER_STATEMENT`` 8);
+  options (``JOBS_PER_STATEMENT`` 8). PAIRS runs of each (3 by default), alternating;
+  each also reports the rate the workers' own timestamps give (first start to last
+  finish), which no observer's polling can slow;
 * enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
   ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours at the
   defaults (the INSERT's own statement queues the kind's wake, a django-q2 task that
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +48,8 @@ from django.db import connection, transaction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SINGLE_MAX = 2000
+#: End-to-end runs of each backend, alternating (the command's second argument).
+PAIRS = 3
 OURS = "django_outbox_tasks_taskrecord"
 THEIRS = "django_tasks_database_dbtaskresult"
 
@@ -100,6 +106,7 @@ def ours_end_to_end(n: int) -> dict[str, Any]:
         "tasks": n,
         "seconds": round(seconds, 3),
         "tasks_per_s": round(n / seconds),
+        "tasks_per_s_by_timestamps": _by_timestamps(TaskRecord.objects.all(), n),
         "chunk": chunk_length(TaskRecord.job_options()),
         "jobs_per_statement": TaskRecord.job_options().jobs_per_statement,
     }
@@ -137,7 +144,21 @@ def theirs_end_to_end(n: int) -> dict[str, Any]:
         _wait(lambda: done.count() == n + 1, 60, "django-tasks-db's last tasks")
         seconds = time.perf_counter() - begin
     assert warm.id
-    return {"tasks": n, "seconds": round(seconds, 3), "tasks_per_s": round(n / seconds)}
+    return {
+        "tasks": n,
+        "seconds": round(seconds, 3),
+        "tasks_per_s": round(n / seconds),
+        "tasks_per_s_by_timestamps": _by_timestamps(DBTaskResult.objects.exclude(id=warm.id), n),
+    }
+
+
+def _by_timestamps(rows: Any, n: int) -> int:
+    """The rate the workers' own timestamps give: *n* tasks from the first start to the
+    last finish, as the database recorded them (no observer polling in the way)."""
+    from django.db.models import Max, Min
+
+    span = rows.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    return round(n / (span["last"] - span["first"]).total_seconds())
 
 
 def _one_transaction_each(task: Any, count: int) -> int:
@@ -148,9 +169,10 @@ def _one_transaction_each(task: Any, count: int) -> int:
     return round(count / (time.perf_counter() - begin))
 
 
-def enqueue_rates(n: int) -> dict[str, Any]:
-    """Enqueue rates, no worker running (ours: what the commit does after it included,
-    the inline dispatch or the dispatcher thread's hand-off)."""
+def enqueue_rates(n: int, pairs: int = PAIRS) -> dict[str, Any]:
+    """Enqueue rates, no worker running, at the default options (ours: what the commit
+    does after it included): *pairs* runs of each backend, alternating, then ours with
+    the dispatcher thread, then ``enqueue_many``."""
     from django.conf import settings
     from django.test import override_settings
     from django_q.models import OrmQ
@@ -161,28 +183,33 @@ def enqueue_rates(n: int) -> dict[str, Any]:
     from django_outbox.unique.background import DISPATCHER
 
     single = min(n, SINGLE_MAX)
-    rates: dict[str, Any] = {}
-    # Every task's dispatch starts it, as with an idle worker pool: a kind at its
-    # concurrency would make each dispatch a cheap no-op.
-    tasks = {"default": {**settings.TASKS["default"], "OPTIONS": {"CONCURRENCY": 10 * single}}}
-    outbox = {**settings.DJANGO_OUTBOX, "DISPATCH_ON_COMMIT": "thread"}
-    with override_settings(TASKS=tasks):
+    ours: list[int] = []
+    theirs: list[int] = []
+    for _ in range(pairs):
         _clear()
-        rates["ours_one_transaction_each"] = _one_transaction_each(outbox_noop, single)
+        ours.append(_one_transaction_each(outbox_noop, single))
         # The first INSERT queued the kind's wake (a django-q2 task that dispatches in a
         # worker); the others found it waiting untaken and relied on it.
         assert TaskRecord.objects.filter(state="pending").count() == single
         assert OrmQ.objects.count() == 1
         _clear()
-        with override_settings(DJANGO_OUTBOX=outbox):
-            rates["ours_one_transaction_each_dispatch_thread"] = _one_transaction_each(
-                outbox_noop, single
-            )
-            DISPATCHER.idle.wait(60)
-        assert TaskRecord.objects.filter(state="pending").count() == single
-        assert OrmQ.objects.exists()  # the hand-offs, for the workers to dispatch
+        theirs.append(_one_transaction_each(db_noop, single))
+    rates: dict[str, Any] = {
+        "ours_one_transaction_each": round(statistics.median(ours)),
+        "django_tasks_db_one_transaction_each": round(statistics.median(theirs)),
+        "ours_runs": ours,
+        "django_tasks_db_runs": theirs,
+        "ratio": round(statistics.median(a / b for a, b in zip(ours, theirs, strict=True)), 2),
+    }
     _clear()
-    rates["django_tasks_db_one_transaction_each"] = _one_transaction_each(db_noop, single)
+    outbox = {**settings.DJANGO_OUTBOX, "DISPATCH_ON_COMMIT": "thread"}
+    with override_settings(DJANGO_OUTBOX=outbox):
+        rates["ours_one_transaction_each_dispatch_thread"] = _one_transaction_each(
+            outbox_noop, single
+        )
+        DISPATCHER.idle.wait(60)
+    assert TaskRecord.objects.filter(state="pending").count() == single
+    assert OrmQ.objects.exists()  # the hand-offs, for the workers to dispatch
     _clear()
     with transport.capture():
         begin = time.perf_counter()
@@ -194,29 +221,37 @@ def enqueue_rates(n: int) -> dict[str, Any]:
     return {"single_tasks": single, "many_tasks": n, "tasks_per_s": rates}
 
 
-def measure(n: int) -> dict[str, Any]:
+def measure(n: int, pairs: int = PAIRS) -> dict[str, Any]:
+    """*pairs* end-to-end runs of each backend, alternating, and the enqueue rates; the
+    ratios are the medians of the pairs'."""
     if connection.vendor != "postgresql":
         raise SystemExit("The django.tasks benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
-    ours = ours_end_to_end(n)
-    theirs = theirs_end_to_end(n)
+    runs = [(ours_end_to_end(n), theirs_end_to_end(n)) for _ in range(pairs)]
+    ratios = sorted(ours["tasks_per_s"] / theirs["tasks_per_s"] for ours, theirs in runs)
+    stamped = sorted(
+        ours["tasks_per_s_by_timestamps"] / theirs["tasks_per_s_by_timestamps"]
+        for ours, theirs in runs
+    )
     return {
         "django": django.get_version(),
-        "end_to_end": {"ours": ours, "django_tasks_db": theirs},
-        "end_to_end_ratio": round(ours["tasks_per_s"] / theirs["tasks_per_s"], 1),
-        "enqueue": enqueue_rates(n),
+        "end_to_end": [{"ours": ours, "django_tasks_db": theirs} for ours, theirs in runs],
+        "end_to_end_ratio": round(statistics.median(ratios), 1),
+        "end_to_end_ratios": [round(r, 1) for r in ratios],
+        "end_to_end_ratio_by_timestamps": round(statistics.median(stamped), 1),
+        "enqueue": enqueue_rates(n, pairs),
     }
 
 
-def both_passes(n: int) -> dict[str, Any]:
+def both_passes(n: int, pairs: int = PAIRS) -> dict[str, Any]:
     """This process's pass with Django's default database options, then a pass in a
     child process with prepared statements (``BENCH_PREPARED=1``), for both backends."""
     from django.conf import settings
 
-    report = {"default_options": measure(n)}
+    report = {"default_options": measure(n, pairs)}
     if settings.PREPARED_STATEMENTS:
         return {"prepared_statements": report["default_options"]}
     child = subprocess.run(
-        [sys.executable, "-m", "benchmarks.djtasks", str(n)],
+        [sys.executable, "-m", "benchmarks.djtasks", str(n), str(pairs)],
         env={**os.environ, "BENCH_PREPARED": "1"},
         capture_output=True,
         text=True,
@@ -231,7 +266,10 @@ if __name__ == "__main__":
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    report = both_passes(int(sys.argv[1]) if len(sys.argv) > 1 else 20_000)
+    report = both_passes(
+        int(sys.argv[1]) if len(sys.argv) > 1 else 20_000,
+        int(sys.argv[2]) if len(sys.argv) > 2 else PAIRS,
+    )
     if "default_options" in report:  # the parent: the report of both passes
         out = ROOT / "artifacts" / "bench-tasks.json"
         out.parent.mkdir(exist_ok=True)
