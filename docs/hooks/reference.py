@@ -109,6 +109,9 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("stream", "CALLS_PER_SECOND"): "rate budget: at most this many handler calls of the "
     "stream start per second, across every worker and cluster (`None`: no budget); see "
     "[rate limits](how-to/rate-limits.md)",
+    ("stream", "ROWS_PER_SECOND"): "row budget: at most this many rows of the stream reach "
+    "its handler per second, across every worker and cluster; claims take at most one "
+    "second's rows (`None`: no row budget); see [rate limits](how-to/rate-limits.md)",
     ("stream", "ARCHIVE_RETENTION_DAYS"): "this stream's own retention of archived `done` "
     "rows; `None`: the global one",
     ("stream", "ARCHIVE_FAILED_RETENTION_DAYS"): "this stream's own retention of dead "
@@ -336,6 +339,7 @@ CHECK_DOCS: dict[str, str] = {
     "E057": "with a broker that can lose jobs, `REDELIVER_SECONDS` does not exceed the "
     "`timeout` of `Q_CLUSTER` or of a cluster in `ALT_CLUSTERS`",
     "E060": "a stream's `CALLS_PER_SECOND` is not a positive number or `None`",
+    "E061": "a stream's `ROWS_PER_SECOND` is not a positive number or `None`",
     "E070": "a kind's `class Job` has an unknown option",
     "E071": "`unique_fields`/`unique_while_executing` is not a list of field names",
     "E072": "`unique_fields`/`unique_while_executing` names a field the kind does not have",
