@@ -44,6 +44,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, JSONField, Q, QuerySet
 from django.db.models.functions import Now
 
+from django_outbox import tracing
 from django_outbox.db.base import concrete_field
 from django_outbox.db.transient import (
     OUTAGE_RERUNS,
@@ -270,7 +271,10 @@ class _ChunkRun:
             mates = [pair for pair in self.ours if pair != (job_id, token)]
             beat = Heartbeat(self.model, job_id, attempt, token, mates)
             try:
-                result = stored_result(self.table, job.perform(beat))
+                name, attributes = job.trace_span()
+                with tracing.continued(name, job.trace_context, attributes):
+                    returned = job.perform(beat)
+                result = stored_result(self.table, returned)
             except LeaseLost:
                 logger.warning(
                     "%s #%s lost its lease during attempt %s.", self.label, job_id, attempt
