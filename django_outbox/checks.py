@@ -319,11 +319,14 @@ def _check_order_key(where: str, label: Any, key: Any) -> list[CheckMessage]:
         "docs/how-to/ordered-streams.md shows."
     )
     if model is OutboxEvent:
+        if isinstance(key, str) and key:
+            return []  # a top-level key of the payloads: publish() writes its value
         return [
             Error(
-                f"{where}['ORDER_KEY'] is set on a stream of the generic OutboxEvent buffer.",
-                hint="Ordered streams need a buffer model of their own with a key column: "
-                "subclass django_outbox.models.BufferEvent, add the field and name it here.",
+                f"{where}['ORDER_KEY'] {key!r} is not the name of a payload key.",
+                hint="On the generic OutboxEvent buffer, ORDER_KEY names a top-level key of "
+                "the payloads whose value groups the rows that must stay in order, for "
+                'example "order_id"; publish() and publish_many() store its value.',
                 id="django_outbox.E023",
             )
         ]

@@ -326,16 +326,20 @@ def test_order_key_that_is_not_a_field_of_the_buffer_model_is_e023(key):
         ]
 
 
-def test_order_key_on_the_generic_buffer_is_e023():
-    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY="payload")):
+@pytest.mark.parametrize("key", [7, "", ["order_id"]])
+def test_order_key_on_the_generic_buffer_must_name_a_payload_key_e023(key):
+    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY=key)):
         assert outbox_messages() == [
             (
                 "django_outbox.E023",
-                f"{WHERE}['ORDER_KEY'] is set on a stream of the generic OutboxEvent buffer.",
-                "Ordered streams need a buffer model of their own with a key column: subclass "
-                "django_outbox.models.BufferEvent, add the field and name it here.",
+                f"{WHERE}['ORDER_KEY'] {key!r} is not the name of a payload key.",
+                "On the generic OutboxEvent buffer, ORDER_KEY names a top-level key of the "
+                "payloads whose value groups the rows that must stay in order, for example "
+                '"order_id"; publish() and publish_many() store its value.',
             )
         ]
+    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY="order_id")):
+        assert outbox_messages() == []
 
 
 def test_an_order_key_naming_a_field_passes_and_the_policy_is_e024():

@@ -98,7 +98,8 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "rows become dead letters",
     ("stream", "ISOLATE_FAILURES"): "split a group that fails as a whole in halves until the "
     "bad row is alone ([failure isolation](how-to/failures-and-dead-letters.md))",
-    ("stream", "ORDER_KEY"): "a field of the stream's buffer model: rows with the same value "
+    ("stream", "ORDER_KEY"): "a field of the stream's buffer model (on the generic buffer: "
+    "a top-level key of the payloads, stored by `publish()`): rows with the same value "
     "reach the handler in id order, never overtaking each other; `None`: no order "
     "([ordered streams](how-to/ordered-streams.md))",
     ("stream", "ORDER_AFTER_DEAD_LETTER"): '`"hold"`: a dead-lettered row holds back its '
@@ -311,7 +312,8 @@ CHECK_DOCS: dict[str, str] = {
     "E020": "`MODEL` is not an installed model",
     "E021": "`MODEL` is not a `BufferEvent` subclass",
     "E022": "a custom buffer model is bound to two streams",
-    "E023": "`ORDER_KEY` is not a field of the stream's own buffer model",
+    "E023": "`ORDER_KEY` is not a field of the stream's own buffer model, or (generic "
+    "buffer) not the name of a payload key",
     "E024": '`ORDER_AFTER_DEAD_LETTER` is not `"hold"` or `"continue"`',
     "E030": "a stream's size or duration option is not a positive integer",
     "E031": "`ARCHIVE`, `TRANSACTIONAL`, `ISOLATE_FAILURES` or `AUTO_HEARTBEAT` is not a boolean",
