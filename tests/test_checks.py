@@ -1025,3 +1025,27 @@ def test_a_dead_letter_retention_that_is_not_a_positive_integer_is_e038(value):
                 "Give the number of days dead letters are kept for replay, for example 90.",
             )
         ]
+
+
+def test_an_ordered_streams_model_without_its_key_index_is_w005():
+    from tests.testapp.models import OrderedEvent
+
+    ordered = {"MODEL": "testapp.OrderedEvent", "ORDER_KEY": "seq"}  # seq has no index
+    with override_settings(DJANGO_OUTBOX=one_stream(**ordered)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.W005",
+                f"{WHERE}['ORDER_KEY'] 'seq': testapp.OrderedEvent has no index on (seq, id) of "
+                "its waiting rows; each claim probes every waiting key's first row, which "
+                "without it reads the table.",
+                "Add to OrderedEvent.Meta.indexes (keeping BufferEvent.Meta.indexes) "
+                'models.Index(fields=["seq", "id"], condition=models.Q(group_id__isnull=True), '
+                "name=...) and run makemigrations; see docs/how-to/ordered-streams.md.",
+            )
+        ]
+    # The guide's model has the index for its key: no warning.
+    assert any(index.fields == ["aggregate_id", "id"] for index in OrderedEvent._meta.indexes)
+    with override_settings(
+        DJANGO_OUTBOX=one_stream(MODEL="testapp.OrderedEvent", ORDER_KEY="aggregate_id")
+    ):
+        assert outbox_messages() == []

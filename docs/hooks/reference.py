@@ -219,7 +219,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stream", "HANDLER"): ("E010", "E011", "E012"),
     ("stream", "MODEL"): ("E020", "E021", "E022"),
     ("stream", "ON_EXHAUSTED"): ("E013", "E014"),
-    ("stream", "ORDER_KEY"): ("E023",),
+    ("stream", "ORDER_KEY"): ("E023", "W005"),
     ("stream", "BACKOFF_MAX_SECONDS"): ("E033",),
     ("stream", "CLUSTER"): ("W002", "E041"),
     ("stream", "LEASE_SECONDS"): ("E042",),
@@ -367,6 +367,7 @@ CHECK_DOCS: dict[str, str] = {
     "W002": '`CLUSTER` names a cluster missing from `Q_CLUSTER["ALT_CLUSTERS"]`',
     "W003": "a stream option of an earlier version (`KICK`, `MAX_BATCHES`): ignored, remove it",
     "W004": "the partitioned archive's partitions end before the next prune run is due",
+    "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
 }
 
 #: The modules whose source holds check ids (as string literals).
