@@ -321,6 +321,37 @@ def test_two_processes_share_one_budget(tmp_path):
     assert by_process == {"a", "b"}  # both took part
 
 
+@pytest.mark.postgres
+def test_two_processes_share_one_row_budget(tmp_path):
+    """Two processes run a stream with ROWS_PER_SECOND at once; their calls together
+    stay within its rows."""
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent workers: PostgreSQL")
+    rowed = settings.ROWED_STREAM
+    publish_unwoken("rowed", [{"n": n} for n in range(40)])
+    start_file = tmp_path / "start"
+    code = (
+        "from tests.procs import run_stream_until_empty; "
+        f"run_stream_until_empty('rowed', {str(start_file)!r})"
+    )
+    env = {"OUTBOX_TEST_ROWED": "1"}
+    with (
+        running(["-c", code], "rowed-a", OUTBOX_TEST_CLUSTER_LABEL="a", **env) as a,
+        running(["-c", code], "rowed-b", OUTBOX_TEST_CLUSTER_LABEL="b", **env) as b,
+    ):
+        wait_until(lambda: all("ready" in log(p) for p in (a, b)), 60, watch=[a, b])
+        start = database_now().timestamp()
+        start_file.write_text("go")
+        assert a.wait(120) == 0 and b.wait(120) == 0, (log(a), log(b))
+    calls = calls_with_rows("rowed")
+    assert sum(size for _, size in calls) == 40
+    assert all(size <= rowed["BATCH_SIZE"] for _, size in calls)
+    assert_within_row_budget(calls, start, rowed["ROWS_PER_SECOND"])
+    by_process = {value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)}
+    assert by_process == {"a", "b"}  # both took part
+    assert StreamState.objects.get(stream="rowed").budget_rows == 40
+
+
 def log(process) -> str:
     return process.log_path.read_text()
 
