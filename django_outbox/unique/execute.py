@@ -25,6 +25,10 @@ costs a chunk nothing: its statements wait for the database to answer again, as 
 stream pipeline's do (:func:`~django_outbox.db.transient.outlast_outage`), for up to
 the kind's ``outage_seconds`` (half the lease, at most a minute), and then record what
 happened; the job it interrupted runs again under its lease.
+
+With OpenTelemetry, each job's ``perform()`` runs in a span of its own, a child of the
+span that enqueued it (:meth:`UniqueJob.trace_span`, :mod:`django_outbox.tracing`),
+also when one statement started its group.
 """
 
 from __future__ import annotations
