@@ -474,6 +474,7 @@ class StreamStateAdmin(admin.ModelAdmin):
         "batch_size_override",
         "paused_until",
         "calls_per_second",
+        "rows_per_second",
         "wanted",
         "updated_at",
     )
@@ -484,8 +485,10 @@ class StreamStateAdmin(admin.ModelAdmin):
         "wanted",
         "paused_until",
         "calls_per_second",
+        "rows_per_second",
         "next_call_at",
         "budget_calls",
+        "budget_rows",
         "updated_at",
     )
     fields = ("stream", "paused", "batch_size_override", *readonly_fields[2:])
@@ -501,6 +504,13 @@ class StreamStateAdmin(admin.ModelAdmin):
         """The stream's ``CALLS_PER_SECOND`` (settings), or a dash without a budget."""
         config = outbox_settings().streams.get(obj.stream)
         budget = config.calls_per_second if config else None
+        return "-" if budget is None else f"{budget:g}"
+
+    @admin.display(description="rows/s budget")
+    def rows_per_second(self, obj: StreamState) -> str:
+        """The stream's ``ROWS_PER_SECOND`` (settings), or a dash without a row budget."""
+        config = outbox_settings().streams.get(obj.stream)
+        budget = config.rows_per_second if config else None
         return "-" if budget is None else f"{budget:g}"
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -142,7 +142,7 @@ def run_attempt(
     keeps its exactly-once effects (if its commit went through before the connection
     died, the lease is gone and the second run changes nothing).
     """
-    if config.calls_per_second is not None:
+    if config.budgeted:
         deferred = _await_budget(config, group_id, attempt)
         if deferred is not None:
             return deferred
@@ -197,7 +197,7 @@ def _await_budget(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Pr
     alias = connection_for(OutboxGroup).alias
     what = f"group {group_id} of stream {config.name}"
     until = outlast_outage(
-        partial(budget.take_slot, config),
+        partial(budget.take_slot, config, group_id),
         alias,
         what=f"the rate budget of {what}",
         wait_seconds=config.outage_seconds,

@@ -12,6 +12,12 @@ of the stream starts before it.
   most ``WAIT_SECONDS`` away is waited for (the pacing of a stream at its budget);
   a worker never waits longer: it hands its group back to the queue, due at the
   stream's next slot (the attempt unchanged), and its run ends.
+  With ``ROWS_PER_SECOND`` the reservation is weighted by the group's rows: the slot
+  moves ``next_call_at`` on by the group's size over ``ROWS_PER_SECOND`` (or the calls'
+  interval, whichever is longer). A group is never held back by its own weight, only
+  the calls after it: a group larger than one second's rows goes at its slot, and the
+  next call waits for all of it. Claims of such a stream take at most one second's
+  rows (:func:`claim_limit`).
 * **A pause** (:class:`~django_outbox.exceptions.RetryAfter` from a handler: a 429).
   The group goes back to the queue with its attempt unchanged, due when the pause
   ends; the stream's ``paused_until`` and ``next_call_at`` move to the pause's end; its
@@ -23,6 +29,7 @@ A stream without a budget reads and writes nothing more per call: its claims loo
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -54,12 +61,12 @@ def admits(config: StreamConfig, state: StreamState | None, *, calls_next: bool 
     database's clock: the stream is held while paused, or while its next call slot is
     more than half of ``WAIT_SECONDS`` away. A pause that has passed is cleared.
     """
-    unbudgeted = config.calls_per_second is None or calls_next
+    unbudgeted = not config.budgeted or calls_next
     if state is None or (unbudgeted and state.paused_until is None):
         return True
     horizon = Now() + timedelta(seconds=WAIT_SECONDS / 2)
     held = Q(paused_until__gt=Now())
-    if config.calls_per_second is not None:
+    if config.budgeted:
         held |= Q(next_call_at__gt=horizon)
     if StreamState.objects.filter(held, stream=config.name).exists():
         return False
@@ -71,18 +78,39 @@ def admits(config: StreamConfig, state: StreamState | None, *, calls_next: bool 
     return True
 
 
-def take_slot(config: StreamConfig) -> datetime | None:
+def claim_limit(config: StreamConfig, batch_size: int) -> int:
+    """The most rows a claim of the stream takes: its batch size, and with
+    ``ROWS_PER_SECOND`` at most one second's rows (at least one row).
+
+    A handler call then never carries more rows than the service accepts in a second;
+    a group claimed larger (before the budget was set or lowered) still goes.
+    """
+    if config.rows_per_second is None:
+        return batch_size
+    return max(1, min(batch_size, math.floor(config.rows_per_second)))
+
+
+def take_slot(config: StreamConfig, group_id: uuid.UUID | None = None) -> datetime | None:
     """Wait for the stream's next call slot; None once the call may start.
 
+    The slot is weighted by the rows of group *group_id* under ``ROWS_PER_SECOND``.
     When the slot is further than ``WAIT_SECONDS`` away, reserve nothing and return when
     the stream may call next: the caller hands its group back (:func:`defer_group`).
     Nothing to do for a stream without a budget.
     """
-    if config.calls_per_second is None:
+    if not config.budgeted:
         return None
-    interval = 1.0 / config.calls_per_second
+    calls, rows = config.calls_per_second, config.rows_per_second
+    interval = 1.0 / calls if calls is not None else 0.0
+    per_row = 1.0 / rows if rows is not None else 0.0
     for _ in range(2):
-        wait = budget_sql.reserve_call(config.name, interval, WAIT_SECONDS)
+        wait = budget_sql.reserve_call(
+            config.name,
+            interval,
+            WAIT_SECONDS,
+            group_id=group_id if rows is not None else None,
+            seconds_per_row=per_row,
+        )
         if wait is not None:
             if wait > 0:
                 time.sleep(wait)  # at most WAIT_SECONDS: the stream's pace

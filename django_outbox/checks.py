@@ -15,6 +15,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections, router
+from django.db.models import Q
 from django.utils.module_loading import import_string
 
 from django_outbox import transport
@@ -319,11 +320,14 @@ def _check_order_key(where: str, label: Any, key: Any) -> list[CheckMessage]:
         "docs/how-to/ordered-streams.md shows."
     )
     if model is OutboxEvent:
+        if isinstance(key, str) and key:
+            return []  # a top-level key of the payloads: publish() writes its value
         return [
             Error(
-                f"{where}['ORDER_KEY'] is set on a stream of the generic OutboxEvent buffer.",
-                hint="Ordered streams need a buffer model of their own with a key column: "
-                "subclass django_outbox.models.BufferEvent, add the field and name it here.",
+                f"{where}['ORDER_KEY'] {key!r} is not the name of a payload key.",
+                hint="On the generic OutboxEvent buffer, ORDER_KEY names a top-level key of "
+                "the payloads whose value groups the rows that must stay in order, for "
+                'example "order_id"; publish() and publish_many() store its value.',
                 id="django_outbox.E023",
             )
         ]
@@ -341,7 +345,31 @@ def _check_order_key(where: str, label: Any, key: Any) -> list[CheckMessage]:
                 id="django_outbox.E023",
             )
         ]
+    if not _has_key_index(model, field.name):
+        return [
+            Warning(
+                f"{where}['ORDER_KEY'] {key!r}: {model._meta.label} has no index on "
+                f"({field.name}, id) of its waiting rows; each claim probes every waiting "
+                "key's first row, which without it reads the table.",
+                hint=f"Add to {model.__name__}.Meta.indexes (keeping BufferEvent.Meta.indexes) "
+                f'models.Index(fields=["{field.name}", "id"], '
+                "condition=models.Q(group_id__isnull=True), name=...) and run makemigrations; "
+                "see docs/how-to/ordered-streams.md.",
+                id="django_outbox.W005",
+            )
+        ]
     return []
+
+
+def _has_key_index(model: type[BufferEvent], key: str) -> bool:
+    """Whether an index of *model* starts with (*key*, id) and holds the waiting rows
+    (a partial index on ``group_id IS NULL``, or a full one)."""
+    waiting = Q(group_id__isnull=True)
+    for index in model._meta.indexes:
+        fields = [name.lstrip("-") for name in index.fields]
+        if fields[:2] in ([key, "id"], [key, "pk"]) and index.condition in (None, waiting):
+            return True
+    return False
 
 
 def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckMessage]:

@@ -106,6 +106,14 @@ STREAM_OPTIONS = OptionTable(
         "accepts, for example 20 (0.5: one call every 2 seconds).",
     ),
     Option(
+        "ROWS_PER_SECOND",
+        None,
+        OPTIONAL_POSITIVE_NUMBER,
+        "E061",
+        hint="Remove it for no row budget, or give the most rows a second the service "
+        "accepts, for example 500 (claims then take at most that many rows).",
+    ),
+    Option(
         "ARCHIVE_RETENTION_DAYS",
         None,
         OPTIONAL_POSITIVE_INT,
@@ -215,6 +223,7 @@ class StreamConfig:
     order_key: str | None = None
     order_after_dead_letter: str = "hold"
     calls_per_second: float | None = None
+    rows_per_second: float | None = None
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
@@ -231,6 +240,11 @@ class StreamConfig:
         """How long a worker waits mid-run for the database to answer again
         (:func:`outage_seconds` of the lease)."""
         return outage_seconds(self.lease_seconds)
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether the stream has a rate budget (``CALLS_PER_SECOND``, ``ROWS_PER_SECOND``)."""
+        return self.calls_per_second is not None or self.rows_per_second is not None
 
     @property
     def ordered(self) -> bool:

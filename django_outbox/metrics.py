@@ -78,6 +78,17 @@ class OutboxCollector:
             "calls per second).",
             labels=["stream"],
         )
+        row_budget = GaugeMetricFamily(
+            "django_outbox_rows_per_second_budget",
+            "The stream's row budget (ROWS_PER_SECOND); streams without one are not listed.",
+            labels=["stream"],
+        )
+        budget_rows = CounterMetricFamily(
+            "django_outbox_budget_rows",
+            "Rows handed to the handler under the stream's row budget (rate() is the "
+            "observed rows per second).",
+            labels=["stream"],
+        )
         pause = GaugeMetricFamily(
             "django_outbox_stream_pause_seconds",
             "Seconds left of the pause a handler asked for (RetryAfter); 0 when none.",
@@ -101,10 +112,13 @@ class OutboxCollector:
             if status.calls_per_second is not None:
                 budget.add_metric([stream], status.calls_per_second)
                 budget_calls.add_metric([stream], status.budget_calls)
+            if status.rows_per_second is not None:
+                row_budget.add_metric([stream], status.rows_per_second)
+                budget_rows.add_metric([stream], status.budget_rows)
             archived.add_metric([stream, "done"], status.archived_last_hour)
             archived.add_metric([stream, "failed"], status.failed_last_hour)
         yield from (backlog, lag, paused, groups, isolating, held, archived)
-        yield from (pause, budget, budget_calls)
+        yield from (pause, budget, budget_calls, row_budget, budget_rows)
         yield from self._staged()
         yield from self._unique_jobs()
         yield GaugeMetricFamily(

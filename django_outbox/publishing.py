@@ -13,6 +13,7 @@ caller's thread-sensitive work, so they join whatever that thread's connection i
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,8 +23,9 @@ from django.db.models import JSONField, Value
 from django_outbox.conf import StreamConfig, get_stream
 from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError, WrongBufferModel
-from django_outbox.jsondata import MAX_DEPTH, dumps_or
+from django_outbox.jsondata import MAX_DEPTH, dumps_or, storable_text
 from django_outbox.models import OutboxEvent
+from django_outbox.models.buffer import MAX_ORDER_KEY_LENGTH
 from django_outbox.runs import wake
 from django_outbox.tracing import current_traceparent
 
@@ -63,6 +65,34 @@ def _dumps(stream: str, payload: Any) -> str:
     )
 
 
+def _order_key(config: StreamConfig, payload: Any) -> str | None:
+    """The ordered stream's key of *payload*: the value of the top-level payload key its
+    ``ORDER_KEY`` names, as text; None (not ordered) when the stream has no
+    ``ORDER_KEY`` or the payload no such key (or null).
+
+    A string, an integer or a UUID; anything else is a :class:`PayloadError`, as is a key
+    longer than ``MAX_ORDER_KEY_LENGTH``. ``7`` and ``"7"`` are the same key.
+    """
+    if config.order_key is None or not isinstance(payload, dict):
+        return None
+    value = payload.get(config.order_key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, uuid.UUID)):
+        raise PayloadError(
+            f"The payload for stream {config.name!r} has {config.order_key!r} = {value!r}, "
+            "which cannot order it: its ORDER_KEY takes a string, an integer or a UUID "
+            "(or null, for a row that is not ordered)."
+        )
+    key = str(value)
+    if len(key) > MAX_ORDER_KEY_LENGTH or not storable_text(key):
+        raise PayloadError(
+            f"The payload for stream {config.name!r} has a {config.order_key!r} that cannot "
+            f"be stored as its key: at most {MAX_ORDER_KEY_LENGTH} characters, no NUL."
+        )
+    return key
+
+
 def publish(stream: str, payload: Any) -> int:
     """Insert one event for *stream* and return its id.
 
@@ -77,12 +107,16 @@ def publish(stream: str, payload: Any) -> int:
     that encoder writes, and the handler reads them back as strings. Anything else (and
     NaN, infinity, NUL characters, nesting deeper than 100 levels) raises
     :class:`~django_outbox.exceptions.PayloadError` at the call, and nothing is written.
+
+    On an ordered stream (``ORDER_KEY``), the value of the top-level payload key it
+    names is the row's key, written in the same INSERT (:func:`_order_key`).
     """
-    _check(stream)
+    config = _check(stream)
     payload_json = _dumps(stream, payload)
+    key = _order_key(config, payload)
     ops = buffer_ops(OutboxEvent)
     started = time.monotonic()
-    event_id, guarded = ops.insert_event_guarded(stream, payload_json, current_traceparent())
+    event_id, guarded = ops.insert_event_guarded(stream, payload_json, current_traceparent(), key)
     wake(stream, using=ops.connection.alias, guarded_since=started if guarded else None)
     return event_id
 
@@ -93,13 +127,14 @@ def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000
     Payloads are checked as :func:`publish` checks them, all before anything is written.
     The commit wakes the stream's run loop, as ``bulk_create()`` of any buffer does.
     """
-    _check(stream)
+    config = _check(stream)
     events = []
     for payload in payloads:
         _dumps(stream, payload)
         # None alone would be written as SQL NULL; publish() stores it as JSON null too.
         value = _JSON_NULL if payload is None else payload
-        events.append(OutboxEvent(stream=stream, payload=value))
+        key = _order_key(config, payload)
+        events.append(OutboxEvent(stream=stream, payload=value, order_key=key))
     OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
     return len(events)
 

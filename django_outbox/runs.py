@@ -41,7 +41,7 @@ from django.db.models.functions import Now
 from django_outbox import claim_floor, transport
 from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
 from django_outbox.batch import queued_lease
-from django_outbox.budget import admits
+from django_outbox.budget import admits, claim_limit
 from django_outbox.conf import StreamConfig, get_stream, outbox_settings
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.base import Claimed
@@ -107,10 +107,11 @@ def create_state_rows(using: str | None = None, **kwargs: object) -> None:
 
 
 def effective_batch_size(config: StreamConfig, state: StreamState | None) -> int:
-    """The stream's batch size: the operator's override when set, else ``BATCH_SIZE``."""
+    """The stream's batch size: the operator's override when set, else ``BATCH_SIZE``;
+    under a ``ROWS_PER_SECOND`` budget at most one second's rows (:func:`claim_limit`)."""
     if state is not None and state.batch_size_override:
-        return state.batch_size_override
-    return config.batch_size
+        return claim_limit(config, state.batch_size_override)
+    return claim_limit(config, config.batch_size)
 
 
 def set_paused(stream: str, paused: bool) -> None:

@@ -48,6 +48,8 @@ class StreamStatus:
     held_keys: int = 0  # keys of an ordered stream held back by a dead letter
     calls_per_second: float | None = None  # the stream's rate budget (CALLS_PER_SECOND)
     budget_calls: int = 0  # handler calls made under the budget so far (a counter)
+    rows_per_second: float | None = None  # the stream's row budget (ROWS_PER_SECOND)
+    budget_rows: int = 0  # rows handed to the handler under the row budget (a counter)
     paused_until: datetime | None = None  # a handler's RetryAfter, while it lasts
     pause_seconds: float = 0.0  # what is left of the pause
 
@@ -100,6 +102,8 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         held_keys=held_keys(stream, cap) if config.ordered else 0,
         calls_per_second=config.calls_per_second,
         budget_calls=state.budget_calls if state else 0,
+        rows_per_second=config.rows_per_second,
+        budget_rows=state.budget_rows if state else 0,
         paused_until=paused_until,
         pause_seconds=(paused_until - now).total_seconds() if paused_until else 0.0,
     )

@@ -6,16 +6,18 @@ here is a cheap no-op and nothing changes. With it, it is imported with this mod
 API but no SDK configured, spans are the API's non-recording spans and nothing is
 stored either.
 
-* **Producers.** A buffer row, a staged job or a task records the W3C ``traceparent`` of
-  the span that is recording where it is written (:func:`current_traceparent`), in its
-  ``trace_context`` column; rows written outside a recording span keep NULL.
+* **Producers.** A buffer row, a staged job or a unique job (a task too) records the
+  W3C ``traceparent`` of the span that is recording where it is written
+  (:func:`current_traceparent`), in its ``trace_context`` column; rows written outside
+  a recording span keep NULL.
 * **Handlers.** Each handler call runs in a span ``django_outbox.deliver <stream>``
   (:func:`deliver`) whose links point at the producers' spans: the contexts are read from
   the rows the handler reads itself (``batch.rows()``, ``batch.events``), never by a
   query of their own, at most :data:`MAX_LINKS` of them, with the number of distinct
   producer contexts as the attribute ``django_outbox.producers``.
-* **Jobs.** A staged job or a task runs in a span that is a child of its enqueuer's
-  (:func:`continued`).
+* **Jobs.** A staged job, a task or a unique job of any kind runs in a span that is a
+  child of its enqueuer's (:func:`continued`): one span per job, also when one
+  statement started several.
 """
 
 from __future__ import annotations

@@ -207,6 +207,15 @@ PACED_STREAM = {
 }
 if os.environ.get("OUTBOX_TEST_PACED"):
     DJANGO_OUTBOX["STREAMS"]["paced"] = PACED_STREAM
+# A row budget (ROWS_PER_SECOND) shared by two processes (tests/test_budget.py).
+ROWED_STREAM = {
+    "HANDLER": "tests.testapp.handlers.record_call_time",
+    "ROWS_PER_SECOND": 20,
+    "BATCH_SIZE": 5,
+    "LEASE_SECONDS": 120,
+}
+if os.environ.get("OUTBOX_TEST_ROWED"):
+    DJANGO_OUTBOX["STREAMS"]["rowed"] = ROWED_STREAM
 
 # The database-restart test (tests/test_db_restart.py) drains two streams through a
 # cluster of its own on a throwaway server; its children switch them on.

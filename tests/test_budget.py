@@ -215,6 +215,84 @@ def test_a_stream_ahead_of_its_budget_hands_its_group_back():
     assert not JobEffect.objects.exists()
 
 
+ROWED = {
+    "HANDLER": "tests.testapp.handlers.record_call_time",
+    "ROWS_PER_SECOND": 10,
+    "LEASE_SECONDS": 120,
+}
+
+
+def test_a_row_budget_must_be_a_positive_number():
+    for bad in (0, -2, "10", True):
+        with streams(paced={**ROWED, "ROWS_PER_SECOND": bad}):
+            found = [m for m in run_checks() if m.id == "django_outbox.E061"]
+        assert [m.msg for m in found] == [
+            f"DJANGO_OUTBOX['STREAMS']['paced']['ROWS_PER_SECOND'] must be a positive "
+            f"number or None, not {bad!r}."
+        ]
+        assert found[0].hint.startswith("Remove it for no row budget")
+    with streams(paced={**ROWED, "ROWS_PER_SECOND": 0.5}):
+        assert not [m for m in run_checks() if m.id == "django_outbox.E061"]
+
+
+def calls_with_rows(stream: str = "paced") -> list[tuple[float, int]]:
+    values = JobEffect.objects.filter(label=f"call:{stream}").values_list("value", flat=True)
+    return sorted((value["at"], len(value["ids"])) for value in values)
+
+
+def assert_within_row_budget(calls: list[tuple[float, int]], start: float, rows: float) -> None:
+    """Each call started no earlier than the rows of the calls before it allow, at
+    *rows* a second from *start* (a late call cannot break it)."""
+    sent = 0
+    early = []
+    for at, size in calls:
+        if at - start < sent / rows - 0.002:  # the database's clock, to the millisecond
+            early.append((sent, round(at - start, 3)))
+        sent += size
+    assert not early, f"calls ahead of the row budget (rows before, seconds): {early[:5]}"
+
+
+def test_a_row_budget_paces_calls_by_their_rows_and_caps_the_claim():
+    publish_unwoken("paced", [{"n": n} for n in range(25)])
+    with streams(paced={**ROWED, "BATCH_SIZE": 1000, "CHAINS": 1}):
+        assert stream_status("paced").batch_size == 10  # one second's rows
+        start = database_now().timestamp()
+        outcomes = run("paced")
+    assert outcomes == [ProcessOutcome.DONE] * 3
+    calls = calls_with_rows()
+    assert [size for _, size in calls] == [10, 10, 5]  # no call carries more than a second
+    assert_within_row_budget(calls, start, ROWED["ROWS_PER_SECOND"])
+    state = StreamState.objects.get(stream="paced")
+    assert (state.budget_calls, state.budget_rows) == (3, 25)
+
+
+def test_small_groups_share_the_row_budget_by_their_weight():
+    publish_unwoken("paced", [{"n": n} for n in range(12)])
+    with streams(paced={**ROWED, "BATCH_SIZE": 4, "CHAINS": 1}):
+        start = database_now().timestamp()
+        run("paced")
+    calls = calls_with_rows()
+    assert [size for _, size in calls] == [4, 4, 4]
+    assert_within_row_budget(calls, start, ROWED["ROWS_PER_SECOND"])  # 0.4 s per group
+
+
+def test_a_group_larger_than_a_second_of_rows_goes_and_the_next_call_waits_for_it():
+    publish_unwoken("paced", [{"n": n} for n in range(30)])
+    runner = InlineRunner()
+    unbudgeted = {"HANDLER": ROWED["HANDLER"], "BATCH_SIZE": 30}
+    with streams(paced=unbudgeted), runner.capturing():
+        assert claim_group("paced").size == 30  # claimed before the budget was set
+    with streams(paced=ROWED):
+        start = database_now().timestamp()
+        assert [job.run() for job in runner.jobs] == [[ProcessOutcome.DONE]]  # not held back
+        state = StreamState.objects.get(stream="paced")
+        assert state.next_call_at.timestamp() - start >= 3.0  # its whole weight: 30 / 10
+        assert state.budget_rows == 30
+        publish_unwoken("paced", [{"n": 30}])
+        assert claim_group("paced", run_here=False).size == 0  # the next one waits
+    assert [size for _, size in calls_with_rows()] == [30]
+
+
 @pytest.mark.postgres
 def test_two_processes_share_one_budget(tmp_path):
     """Two processes run the stream at once; their calls together stay in the budget."""
@@ -241,6 +319,37 @@ def test_two_processes_share_one_budget(tmp_path):
     assert ArchivedEvent.objects.filter(stream="paced").count() == 30
     by_process = {value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)}
     assert by_process == {"a", "b"}  # both took part
+
+
+@pytest.mark.postgres
+def test_two_processes_share_one_row_budget(tmp_path):
+    """Two processes run a stream with ROWS_PER_SECOND at once; their calls together
+    stay within its rows."""
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent workers: PostgreSQL")
+    rowed = settings.ROWED_STREAM
+    publish_unwoken("rowed", [{"n": n} for n in range(40)])
+    start_file = tmp_path / "start"
+    code = (
+        "from tests.procs import run_stream_until_empty; "
+        f"run_stream_until_empty('rowed', {str(start_file)!r})"
+    )
+    env = {"OUTBOX_TEST_ROWED": "1"}
+    with (
+        running(["-c", code], "rowed-a", OUTBOX_TEST_CLUSTER_LABEL="a", **env) as a,
+        running(["-c", code], "rowed-b", OUTBOX_TEST_CLUSTER_LABEL="b", **env) as b,
+    ):
+        wait_until(lambda: all("ready" in log(p) for p in (a, b)), 60, watch=[a, b])
+        start = database_now().timestamp()
+        start_file.write_text("go")
+        assert a.wait(120) == 0 and b.wait(120) == 0, (log(a), log(b))
+    calls = calls_with_rows("rowed")
+    assert sum(size for _, size in calls) == 40
+    assert all(size <= rowed["BATCH_SIZE"] for _, size in calls)
+    assert_within_row_budget(calls, start, rowed["ROWS_PER_SECOND"])
+    by_process = {value["cluster"] for value in JobEffect.objects.values_list("value", flat=True)}
+    assert by_process == {"a", "b"}  # both took part
+    assert StreamState.objects.get(stream="rowed").budget_rows == 40
 
 
 def log(process) -> str:
@@ -277,6 +386,28 @@ def test_the_pause_and_the_budget_show_in_status_metrics_and_admin(handler_mode,
             reverse("admin:django_outbox_streamstate_change", args=["audit"])
         ).content.decode()
         assert "Paused until" in detail and "Next call at" in detail
+
+
+def test_the_row_budget_shows_in_status_metrics_and_admin(admin_client):
+    with streams(paced=ROWED):
+        StreamState.objects.get_or_create(stream="paced")
+        StreamState.objects.filter(stream="paced").update(budget_rows=420)
+        out = StringIO()
+        call_command("outbox_status", stdout=out)
+        assert "paced has a row budget of 10 rows/s (420 rows handed over under it)" in (
+            out.getvalue()
+        )
+        from django_outbox.metrics import render
+
+        body = render()[0].decode()
+        assert 'django_outbox_rows_per_second_budget{stream="paced"} 10.0' in body
+        assert 'django_outbox_budget_rows_total{stream="paced"} 420.0' in body
+        page = admin_client.get(reverse("admin:django_outbox_streamstate_changelist"))
+        assert "Rows/s budget" in page.content.decode()
+        detail = admin_client.get(
+            reverse("admin:django_outbox_streamstate_change", args=["paced"])
+        ).content.decode()
+        assert "Budget rows" in detail
 
 
 @pytest.mark.process

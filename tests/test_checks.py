@@ -31,7 +31,7 @@ KNOWN_OPTIONS = (
     "AUTO_HEARTBEAT, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CALLS_PER_SECOND, "
     "CHAINS, CLUSTER, "
     "EVERY_MINUTES, HANDLER, HANDOFF_SECONDS, ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, "
-    "MODEL, ON_EXHAUSTED, ORDER_AFTER_DEAD_LETTER, ORDER_KEY, TRANSACTIONAL."
+    "MODEL, ON_EXHAUSTED, ORDER_AFTER_DEAD_LETTER, ORDER_KEY, ROWS_PER_SECOND, TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -326,16 +326,20 @@ def test_order_key_that_is_not_a_field_of_the_buffer_model_is_e023(key):
         ]
 
 
-def test_order_key_on_the_generic_buffer_is_e023():
-    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY="payload")):
+@pytest.mark.parametrize("key", [7, "", ["order_id"]])
+def test_order_key_on_the_generic_buffer_must_name_a_payload_key_e023(key):
+    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY=key)):
         assert outbox_messages() == [
             (
                 "django_outbox.E023",
-                f"{WHERE}['ORDER_KEY'] is set on a stream of the generic OutboxEvent buffer.",
-                "Ordered streams need a buffer model of their own with a key column: subclass "
-                "django_outbox.models.BufferEvent, add the field and name it here.",
+                f"{WHERE}['ORDER_KEY'] {key!r} is not the name of a payload key.",
+                "On the generic OutboxEvent buffer, ORDER_KEY names a top-level key of the "
+                "payloads whose value groups the rows that must stay in order, for example "
+                '"order_id"; publish() and publish_many() store its value.',
             )
         ]
+    with override_settings(DJANGO_OUTBOX=one_stream(ORDER_KEY="order_id")):
+        assert outbox_messages() == []
 
 
 def test_an_order_key_naming_a_field_passes_and_the_policy_is_e024():
@@ -1021,3 +1025,27 @@ def test_a_dead_letter_retention_that_is_not_a_positive_integer_is_e038(value):
                 "Give the number of days dead letters are kept for replay, for example 90.",
             )
         ]
+
+
+def test_an_ordered_streams_model_without_its_key_index_is_w005():
+    from tests.testapp.models import OrderedEvent
+
+    ordered = {"MODEL": "testapp.OrderedEvent", "ORDER_KEY": "seq"}  # seq has no index
+    with override_settings(DJANGO_OUTBOX=one_stream(**ordered)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.W005",
+                f"{WHERE}['ORDER_KEY'] 'seq': testapp.OrderedEvent has no index on (seq, id) of "
+                "its waiting rows; each claim probes every waiting key's first row, which "
+                "without it reads the table.",
+                "Add to OrderedEvent.Meta.indexes (keeping BufferEvent.Meta.indexes) "
+                'models.Index(fields=["seq", "id"], condition=models.Q(group_id__isnull=True), '
+                "name=...) and run makemigrations; see docs/how-to/ordered-streams.md.",
+            )
+        ]
+    # The guide's model has the index for its key: no warning.
+    assert any(index.fields == ["aggregate_id", "id"] for index in OrderedEvent._meta.indexes)
+    with override_settings(
+        DJANGO_OUTBOX=one_stream(MODEL="testapp.OrderedEvent", ORDER_KEY="aggregate_id")
+    ):
+        assert outbox_messages() == []

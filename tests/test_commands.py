@@ -107,6 +107,8 @@ def test_status_json_is_machine_readable():
         "held_keys": 0,
         "calls_per_second": None,
         "budget_calls": 0,
+        "rows_per_second": None,
+        "budget_rows": 0,
         "paused_until": None,
         "pause_seconds": 0.0,
     }

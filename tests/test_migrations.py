@@ -1,4 +1,5 @@
-"""Migrations: in step with the models, reversible, buffer tables with only two indexes."""
+"""Migrations: in step with the models, reversible, buffer tables with only their partial
+indexes (two; the generic buffer a third, for ordered streams, that unordered rows skip)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ OUTBOX_TABLES = {
     "django_outbox_streamstate",
 }
 
-#: (model label, [(fields, condition)]) of the two partial indexes of each buffer model.
+#: The generic buffer's index of ordered streams' keys: only rows with a key are in it.
+KEYED = Q(group_id__isnull=True, order_key__isnull=False)
+#: (model label, [(fields, condition)]) of the partial indexes of each buffer model.
 BUFFER_INDEXES = [
     (
         "marketing.ContactActivityEvent",
@@ -26,13 +29,25 @@ BUFFER_INDEXES = [
     ),
     (
         "django_outbox.OutboxEvent",
-        [(["stream", "id"], Q(group_id__isnull=True)), (["group_id"], Q(group_id__isnull=False))],
+        [
+            (["stream", "id"], Q(group_id__isnull=True)),
+            (["group_id"], Q(group_id__isnull=False)),
+            (["stream", "order_key", "id"], KEYED),
+        ],
     ),
 ]
 #: The predicate each live index must carry, as the database spells it.
 PREDICATES = {
-    "postgresql": {True: "WHERE (group_id IS NULL)", False: "WHERE (group_id IS NOT NULL)"},
-    "sqlite": {True: 'WHERE "group_id" IS NULL', False: 'WHERE "group_id" IS NOT NULL'},
+    "postgresql": {
+        True: "WHERE (group_id IS NULL)",
+        False: "WHERE (group_id IS NOT NULL)",
+        "keyed": "WHERE ((group_id IS NULL) AND (order_key IS NOT NULL))",
+    },
+    "sqlite": {
+        True: 'WHERE "group_id" IS NULL',
+        False: 'WHERE "group_id" IS NOT NULL',
+        "keyed": 'WHERE ("group_id" IS NULL AND "order_key" IS NOT NULL)',
+    },
 }
 
 
@@ -77,7 +92,7 @@ def test_outbox_migrations_unapply_and_apply_cleanly():
 
 
 @pytest.mark.parametrize(("label", "expected"), BUFFER_INDEXES)
-def test_buffer_model_has_exactly_the_two_partial_indexes(label, expected):
+def test_buffer_model_has_exactly_its_partial_indexes(label, expected):
     model = apps.get_model(label)
     state = MigrationLoader(None, ignore_no_migrations=True).project_state()
     state_indexes = state.models[model._meta.app_label, model._meta.model_name].options["indexes"]
@@ -94,12 +109,12 @@ def test_custom_buffer_index_names_are_unique_per_model():
     names = [
         index.name for label, _ in BUFFER_INDEXES for index in apps.get_model(label)._meta.indexes
     ]
-    assert len(names) == len(set(names)) == 4
+    assert len(names) == len(set(names)) == 5
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("label", "expected"), BUFFER_INDEXES)
-def test_buffer_table_has_only_its_primary_key_and_two_partial_indexes(label, expected):
+def test_buffer_table_has_only_its_primary_key_and_partial_indexes(label, expected):
     model = apps.get_model(label)
     table = model._meta.db_table
     with connection.cursor() as cursor:
@@ -121,7 +136,10 @@ def test_buffer_table_has_only_its_primary_key_and_two_partial_indexes(label, ex
 
 
 def partial_predicate(condition: Q) -> str:
-    """The WHERE clause the database shows for a ``group_id__isnull`` condition."""
+    """The WHERE clause the database shows for a ``group_id__isnull`` condition (or the
+    generic buffer's keyed one)."""
+    if condition == KEYED:
+        return PREDICATES[connection.vendor]["keyed"]
     ((lookup, isnull),) = condition.children
     assert lookup == "group_id__isnull"
     return PREDICATES[connection.vendor][isnull]

@@ -13,8 +13,10 @@ import io
 import random
 import threading
 import time
+import uuid
 from collections import defaultdict
 from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.core.checks import run_checks
@@ -22,11 +24,20 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
-from django_outbox import steer, transport
+from django_outbox import publish, publish_many, steer, transport
 from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.conf import get_stream
-from django_outbox.models import ArchivedEvent, GroupState, HeldKey, OutboxGroup, Outcome
+from django_outbox.exceptions import PayloadError
+from django_outbox.models import (
+    ArchivedEvent,
+    GroupState,
+    HeldKey,
+    OutboxEvent,
+    OutboxGroup,
+    Outcome,
+)
 from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import claim_group
 from django_outbox.status import stream_status
@@ -39,6 +50,7 @@ from tests.testapp.models import HandledCall, OrderedEvent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STREAM = "ordered"
+UUID = uuid.UUID("6f1c2a40-0000-4000-8000-000000000007")
 
 
 def streams(**options: object) -> override_settings:
@@ -384,3 +396,127 @@ def test_a_claim_concurrent_with_another_does_not_skip_its_rows_to_take_later_on
 
     assert taken == [set(ids[:10])]
     assert second == [set()]
+
+
+# -- the generic buffer ---------------------------------------------------------------
+
+GENERIC = {
+    "HANDLER": "tests.testapp.handlers.record",
+    "ORDER_KEY": "order_id",
+    "BATCH_SIZE": 10,
+    "MAX_ATTEMPTS": 3,
+    "BACKOFF_SECONDS": 1,
+    "LEASE_SECONDS": 120,
+}
+
+
+def generic_streams() -> override_settings:
+    """Two ordered streams of the generic buffer, keyed by the same payload key."""
+    return override_settings(
+        DJANGO_OUTBOX={
+            **DJANGO_OUTBOX,
+            "STREAMS": {**DJANGO_OUTBOX["STREAMS"], "orders": GENERIC, "refunds": GENERIC},
+        }
+    )
+
+
+def publish_keys(stream: str, *keys: object, **extra: object) -> list[int]:
+    """Publish one event per key (committed, the stream not woken); their ids."""
+    with mock.patch("django_outbox.publishing.wake"):
+        return [publish(stream, {"order_id": key, **extra}) for key in keys]
+
+
+def generic_claim(stream: str = "orders") -> set[int]:
+    with transport.capture():
+        result = claim_group(stream)
+    if result.group_id is None:
+        return set()
+    return set(OutboxEvent.objects.filter(group_id=result.group_id).values_list("id", flat=True))
+
+
+def test_an_order_key_on_the_generic_buffer_names_a_payload_key():
+    with generic_streams():
+        assert [m for m in run_checks() if m.id and m.id.startswith("django_outbox")] == []
+    guide = {
+        **DJANGO_OUTBOX,
+        "STREAMS": {**DJANGO_OUTBOX["STREAMS"], **ordered.GENERIC_OUTBOX["STREAMS"]},
+    }
+    with override_settings(DJANGO_OUTBOX=guide):
+        assert [m.id for m in run_checks() if m.id and m.id.startswith("django_outbox")] == []
+        with mock.patch("django_outbox.publishing.wake"):
+            event_id = ordered.order_paid(7)
+    assert OutboxEvent.objects.get(id=event_id).order_key == "7"
+
+
+def test_publish_writes_the_payload_keys_value_in_its_one_insert():
+    with generic_streams(), transport.capture():
+        with CaptureQueriesContext(connections["default"]) as queries:
+            event_id = publish("orders", {"order_id": 7, "total": "9.50"})
+        table = connections["default"].ops.quote_name(OutboxEvent._meta.db_table)
+        inserts = [
+            q["sql"]
+            for q in queries.captured_queries
+            if q["sql"].startswith(f"INSERT INTO {table}")
+        ]
+        assert len(inserts) == 1 and "order_key" in inserts[0]  # the one statement
+        publish_many("orders", [{"order_id": "a"}, {"no": "key"}, {"order_id": None}, [1]])
+        publish("audit", {"order_id": 7})  # an unordered stream: no key
+    assert OutboxEvent.objects.get(id=event_id).order_key == "7"
+    assert list(OutboxEvent.objects.order_by("id").values_list("stream", "order_key")) == [
+        ("orders", "7"),
+        ("orders", "a"),
+        ("orders", None),
+        ("orders", None),
+        ("orders", None),
+        ("audit", None),
+    ]
+
+
+@pytest.mark.parametrize("value", [1.5, True, {"id": 1}, [1], "x" * 256])
+def test_a_key_value_that_cannot_order_a_row_is_refused_and_nothing_written(value):
+    with generic_streams(), transport.capture():
+        with pytest.raises(PayloadError, match="order_id"):
+            publish("orders", {"order_id": value})
+        with pytest.raises(PayloadError, match="order_id"):
+            publish_many("orders", [{"order_id": 1}, {"order_id": value}])
+    assert not OutboxEvent.objects.exists()
+
+
+def test_a_key_of_the_generic_buffer_with_a_group_in_flight_is_not_claimed_again():
+    with generic_streams():
+        a1, a2, b1 = publish_keys("orders", "a", "a", "b")
+        assert generic_claim() == {a1, a2, b1}
+        _, c1, _, none, uuid_key = publish_keys("orders", "a", "c", "b", None, UUID)
+
+        assert generic_claim() == {c1, none, uuid_key}  # a and b wait; NULL is not ordered
+        assert OutboxEvent.objects.get(id=uuid_key).order_key == str(UUID)
+
+
+def test_the_same_key_in_another_stream_of_the_generic_buffer_is_another_key():
+    with generic_streams():
+        (orders_a,) = publish_keys("orders", "a")
+        assert generic_claim("orders") == {orders_a}
+        refunds_a, refunds_a2 = publish_keys("refunds", "a", "a")
+
+        assert generic_claim("refunds") == {refunds_a, refunds_a2}  # not held by orders' a
+        publish_keys("orders", "a")
+        assert generic_claim("orders") == set()  # orders' a is in flight
+
+
+def test_a_failed_row_of_the_generic_buffer_keeps_its_keys_later_rows(handler_mode):
+    with generic_streams():
+        (a1,) = publish_keys("orders", "a", fail=True)
+        b1, a2 = publish_keys("orders", "b", "a")
+        assert generic_claim() == {a1, b1, a2}
+        handler_mode("fail-marked")
+        group = OutboxEvent.objects.get(id=a1).group_id
+        with transport.capture():
+            assert process_group("orders", group) is ProcessOutcome.PARTIAL
+
+        assert set(OutboxEvent.objects.values_list("id", flat=True)) == {a1, a2}
+        assert OutboxGroup.objects.get(id=group).row_errors[str(a2)] == (
+            f"held behind row {a1} of its key"
+        )
+        publish_keys("orders", "a")
+        assert generic_claim() == set()  # the key waits for its group
+        assert ArchivedEvent.objects.filter(stream="orders").count() == 1  # b1

@@ -297,3 +297,92 @@ def test_a_task_runs_in_a_child_of_the_span_that_enqueued_it(spans):
     assert task_span.name == "django.tasks tests.taskfuncs.record"
     assert task_span.parent.span_id == producer.get_span_context().span_id
     assert task_span.attributes["django_outbox.attempt"] == 1
+
+
+# -- unique-job kinds continue their enqueuer's trace ----------------------------------
+
+
+def columns(insert: str) -> str:
+    """The column list of an INSERT statement (not its RETURNING clause)."""
+    return insert.split(")", 1)[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_records_the_recording_spans_traceparent_in_its_one_insert(spans):
+    from tests.uniqueapp.models import KeyedJob
+
+    with transport.capture(), CaptureQueriesContext(connection) as queries:
+        with tracer().start_as_current_span("request") as producer:
+            job, created = KeyedJob.enqueue(key="traced")
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert created and len(inserts) == 1 and "trace_context" in columns(inserts[0])
+    assert KeyedJob.objects.get(pk=job.pk).trace_context == traceparent(producer)
+
+    with transport.capture(), CaptureQueriesContext(connection) as queries:
+        plain, _ = KeyedJob.enqueue(key="plain")  # no span: the INSERT as before
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1 and "trace_context" not in columns(inserts[0])
+    assert KeyedJob.objects.get(pk=plain.pk).trace_context is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_job_runs_in_a_child_of_the_span_that_enqueued_it(spans):
+    from tests.uniqueapp.models import JobRun, KeyedJob
+
+    with transport.capture() as queue:
+        with tracer().start_as_current_span("request") as producer:
+            KeyedJob.enqueue(key="traced")
+        run_captured(queue)
+
+    assert JobRun.objects.get().key == "traced"
+    job_span = only_span(spans, "django_outbox.job")
+    assert job_span.name == "django_outbox.job uniqueapp.KeyedJob"
+    assert job_span.parent.span_id == producer.get_span_context().span_id
+    assert job_span.context.trace_id == producer.get_span_context().trace_id
+    assert job_span.attributes["django_outbox.kind"] == "uniqueapp.KeyedJob"
+    assert job_span.attributes["django_outbox.attempt"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_started_by_one_statement_each_continue_their_own_enqueuer(spans):
+    """A chunk starts 8 jobs in one statement; each runs in a span of its own, the
+    child of the span that enqueued that job (enqueue_many: of the span around it)."""
+    from django_outbox.models import JobState
+    from django_outbox.unique.execute import JobOutcome, execute_chunk
+    from tests.uniqueapp.models import KeyedJob
+
+    assert KeyedJob.job_options().jobs_per_statement == 8
+    producers = {}
+    with transport.capture():
+        for n in range(6):
+            with tracer().start_as_current_span(f"request {n}") as span:
+                job, _ = KeyedJob.enqueue(key=f"k{n}")
+            producers[job.pk] = span
+        with tracer().start_as_current_span("bulk") as bulk:
+            for job in KeyedJob.enqueue_many([{"key": "k6"}, {"key": "k7"}]):
+                producers[job.pk] = bulk
+    pks = sorted(producers)
+    KeyedJob.objects.update(state=JobState.RUNNING, attempt=1, started_at=None)
+    outcomes = execute_chunk(KeyedJob, [(pk, 1) for pk in pks])
+    assert outcomes == [JobOutcome.PROCESSED] * 8
+
+    job_spans = {
+        int(s.attributes["django_outbox.job_id"]): s
+        for s in spans.get_finished_spans()
+        if s.name.startswith("django_outbox.job")
+    }
+    assert sorted(job_spans) == pks
+    for pk, span in job_spans.items():
+        assert span.parent.span_id == producers[pk].get_span_context().span_id
+        assert span.context.trace_id == producers[pk].get_span_context().trace_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_job_enqueued_outside_a_span_starts_a_trace_of_its_own(spans):
+    from tests.uniqueapp.models import KeyedJob
+
+    with transport.capture() as queue:
+        KeyedJob.enqueue(key="plain")
+        run_captured(queue)
+    job_span = only_span(spans, "django_outbox.job")
+    assert job_span.parent is None

@@ -48,12 +48,19 @@ def buffer_ops(model: type[Model], stream: str | None = None) -> BufferOps:
     return ops_class(connection, model, stream)
 
 
+#: The generic buffer's column of an ordered stream's key (``OutboxEvent.order_key``).
+GENERIC_ORDER_COLUMN = "order_key"
+
+
 def stream_buffer(config: StreamConfig) -> BufferOps:
     """The buffer operations of a stream: its model, filtered to it in the shared buffer;
     an ordered stream's claim keeps each key's rows in order (:mod:`django_outbox.db.ordered`)."""
     ops = buffer_ops(config.model_class, config.name if config.is_generic else None)
     if config.order_key is not None:
-        ops.ordered = OrderedSQL(ops, config.name, config.order_key)
+        # The generic buffer keeps the value of the payload key ORDER_KEY names in a
+        # column of its own.
+        key = GENERIC_ORDER_COLUMN if config.is_generic else config.order_key
+        ops.ordered = OrderedSQL(ops, config.name, key)
     return ops
 
 

@@ -195,26 +195,51 @@ class BufferOps:
             )
         return field
 
-    def insert_event(self, stream: str, payload_json: str, trace_context: str | None = None) -> int:
+    def insert_event(
+        self,
+        stream: str,
+        payload_json: str,
+        trace_context: str | None = None,
+        order_key: str | None = None,
+    ) -> int:
         """Insert one row into the generic buffer; return its id. One statement.
 
-        *trace_context* (a ``traceparent``) is written only when given.
+        *trace_context* (a ``traceparent``) and *order_key* (an ordered stream's key) are
+        written only when given.
         """
-        traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
+        columns, values, params = self.event_columns(trace_context, order_key)
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload{traced[0]}) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{traced[1]}) RETURNING id",
-            [stream, payload_json, *traced[2]],
+            f"INSERT INTO {self.table} (created_at, stream, payload{columns}) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{values}) RETURNING id",
+            [stream, payload_json, *params],
         )
         assert row is not None
         return int(row[0])
 
     def insert_event_guarded(
-        self, stream: str, payload_json: str, trace_context: str | None = None
+        self,
+        stream: str,
+        payload_json: str,
+        trace_context: str | None = None,
+        order_key: str | None = None,
     ) -> tuple[int, bool]:
         """Insert one row into the generic buffer; return its id and whether the commit
         may skip the wake (:mod:`django_outbox.db.wake_guard`). One statement."""
-        return self.insert_event(stream, payload_json, trace_context), False
+        return self.insert_event(stream, payload_json, trace_context, order_key), False
+
+    @staticmethod
+    def event_columns(
+        trace_context: str | None, order_key: str | None
+    ) -> tuple[str, str, list[Any]]:
+        """The optional columns of a generic buffer row: their names and placeholders
+        (each after a comma) and their values; none that is not given."""
+        given = [
+            (name, value)
+            for name, value in (("trace_context", trace_context), ("order_key", order_key))
+            if value is not None
+        ]
+        columns = "".join(f", {name}" for name, _ in given)
+        return columns, ", %s" * len(given), [value for _, value in given]
 
     def archive_group(self, group_id: uuid.UUID, move: Move) -> int:
         """Archive (when ``move.archive``) and delete the group's rows but ``move.keep_ids``.

@@ -39,28 +39,35 @@ class OrderedSQL:
         floor (a late commit the floor passed: it goes first), and its key is not held
         by a dead letter. All the waiting rows of a free key are above the floor and
         unclaimed, so the limit cuts them in id order: a key's taken rows are a prefix
-        of its waiting ones. Rows whose key is NULL are not ordered. Parameters: the
-        floor, the stream, the floor, the limit.
+        of its waiting ones. Rows whose key is NULL are not ordered. Parameters:
+        :meth:`pick_params`.
         """
         table, key = self.ops.table, self.key
         lock = " FOR UPDATE OF r" if self.ops.dialect.vendor == "postgresql" else ""
+        # The generic buffer is shared: every read keeps to the stream's rows, in the
+        # order of its (stream, …) indexes.
+        shared = self.ops.stream is not None
+        r_stream, e_stream = (" AND r.stream = %s", " AND e.stream = %s") if shared else ("", "")
+        r_order, e_order = ("r.stream, r.id", "e.stream, ") if shared else ("r.id", "")
         # The keys in groups and the held keys are read once per claim (a hashed set:
         # the rows of at most CHAINS groups and of the retrying ones). The first waiting
         # row of the row's key, above the floor, is one probe of the key's index: the
         # ORDER BY makes it that index whatever the planner's statistics say.
         return self.ops.dialect.id_pick(
-            f"SELECT r.id FROM {table} r WHERE r.group_id IS NULL AND r.id > %s "
+            f"SELECT r.id FROM {table} r WHERE r.group_id IS NULL{r_stream} AND r.id > %s "
             f"AND (r.{key} IS NULL OR (r.{key} NOT IN (SELECT e.{key} FROM {table} e "
-            f"WHERE e.group_id IS NOT NULL AND e.{key} IS NOT NULL) "
+            f"WHERE e.group_id IS NOT NULL AND e.{key} IS NOT NULL{e_stream}) "
             f"AND CAST(r.{key} AS TEXT) NOT IN (SELECT h.{self.ops.qn('key')} "
             f"FROM {self.held_table} h WHERE h.stream = %s) "
-            f"AND (SELECT e.id FROM {table} e WHERE e.{key} = r.{key} AND e.group_id IS NULL "
-            f"ORDER BY e.{key}, e.id LIMIT 1) > %s)) "
-            f"ORDER BY r.id LIMIT %s{lock}"
+            f"AND (SELECT e.id FROM {table} e WHERE e.{key} = r.{key} AND e.group_id IS NULL"
+            f"{e_stream} ORDER BY {e_order}e.{key}, e.id LIMIT 1) > %s)) "
+            f"ORDER BY {r_order} LIMIT %s{lock}"
         )
 
     def pick_params(self, floor: int, limit: int) -> list[Any]:
-        return [floor, self.stream, floor, limit]
+        """The parameters of :meth:`pick`, in order (the stream's, on the shared table)."""
+        shared = [self.stream] if self.ops.stream is not None else []
+        return [*shared, floor, *shared, self.stream, *shared, floor, limit]
 
     def hold_keys(self, group_id: uuid.UUID, error: str) -> int:
         """Hold the keys of the group's rows (being dead-lettered); return how many."""

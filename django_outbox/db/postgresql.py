@@ -39,16 +39,20 @@ class PostgresBufferOps(BufferOps):
         )
 
     def insert_event_guarded(
-        self, stream: str, payload_json: str, trace_context: str | None = None
+        self,
+        stream: str,
+        payload_json: str,
+        trace_context: str | None = None,
+        order_key: str | None = None,
     ) -> tuple[int, bool]:
         if connections[router.db_for_write(StreamState)] is not self.connection:
-            return super().insert_event_guarded(stream, payload_json, trace_context)
-        traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
+            return super().insert_event_guarded(stream, payload_json, trace_context, order_key)
+        columns, values, params = self.event_columns(trace_context, order_key)
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload{traced[0]}) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{traced[1]}) "
+            f"INSERT INTO {self.table} (created_at, stream, payload{columns}) "
+            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{values}) "
             f"RETURNING id, {wake_guard.FUNCTION}(%s)",
-            [stream, payload_json, *traced[2], stream],
+            [stream, payload_json, *params, stream],
         )
         assert row is not None
         return int(row[0]), bool(row[1])

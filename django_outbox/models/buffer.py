@@ -4,7 +4,9 @@ A buffer table is small and single-purpose. Rows are inserted, stamped with a
 ``group_id`` by a claim, then archived and deleted by the group's process job. It
 carries exactly two indexes, both partial so that an insert touches only one of them:
 the unclaimed rows in id order (what a claim scans) and the claimed rows by group
-(what a process job reads and deletes). Add no other index to a buffer model.
+(what a process job reads and deletes). Add no other index to a buffer model, except
+the key's of an ordered stream (``ORDER_KEY``), which its claim probes; the generic
+buffer has that one too, holding only the rows of ordered streams.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from django_outbox.conf import outbox_settings
 from django_outbox.tracing import current_traceparent
 
 UNCLAIMED_INDEX = "outbox_unclaimed"
+#: The longest ``OutboxEvent.order_key`` value (an ordered stream's key, as text).
+MAX_ORDER_KEY_LENGTH = 255
 GROUP_INDEX = "outbox_group"
 
 #: Sent after ``bulk_create()`` of a buffer model, with ``sender`` = the model and
@@ -108,6 +112,16 @@ class OutboxEvent(BufferEvent):
 
     stream = models.CharField(max_length=64)
     payload = models.JSONField(encoder=DjangoJSONEncoder)
+    #: An ordered stream's key (``ORDER_KEY`` names a top-level payload key): its value,
+    #: as text, written by ``publish()`` and ``publish_many()``. NULL: not ordered.
+    order_key = models.CharField(  # noqa: DJ001 (NULL: no key, as ORDER_KEY columns)
+        max_length=MAX_ORDER_KEY_LENGTH,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The value of the payload key the stream's ORDER_KEY names (ordered "
+        "streams only).",
+    )
 
     class Meta(BufferEvent.Meta):
         verbose_name = "outbox event"
@@ -121,6 +135,13 @@ class OutboxEvent(BufferEvent):
                 fields=["group_id"],
                 condition=models.Q(group_id__isnull=False),
                 name="outbox_event_group",
+            ),
+            # The ordered claim's probe: a key's first waiting row. Rows without a key
+            # (every unordered stream's) are not in it.
+            models.Index(
+                fields=["stream", "order_key", "id"],
+                condition=models.Q(group_id__isnull=True, order_key__isnull=False),
+                name="outbox_event_keyed",
             ),
         ]
 

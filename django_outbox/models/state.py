@@ -21,8 +21,8 @@ class StreamState(models.Model):
     ``wake_epoch`` is raised by a run that is about to end, so that it can wait for the
     publishers that skipped their wake while it was in flight
     (:mod:`django_outbox.db.wake_guard`).
-    ``next_call_at``, ``paused_until`` and ``budget_calls`` are the stream's rate budget
-    and pause (see :mod:`django_outbox.budget`).
+    ``next_call_at``, ``paused_until``, ``budget_calls`` and ``budget_rows`` are the
+    stream's rate budget and pause (see :mod:`django_outbox.budget`).
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -68,6 +68,11 @@ class StreamState(models.Model):
         default=0,
         editable=False,
         help_text="Handler calls made under the stream's CALLS_PER_SECOND, since the start.",
+    )
+    budget_rows = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="Rows handed to the handler under the stream's ROWS_PER_SECOND, since the start.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 

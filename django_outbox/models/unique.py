@@ -95,6 +95,7 @@ BOOKKEEPING_FIELDS = (
     "finished_at",
     "last_error",
     "worker",
+    "trace_context",
 )
 
 
@@ -143,6 +144,11 @@ class UniqueJob(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_error = models.TextField(blank=True, default="", editable=False)
     worker = models.CharField(max_length=255, blank=True, default="", editable=False)
+    #: The W3C ``traceparent`` of the span that enqueued the job (OpenTelemetry), if one
+    #: was recording: the job runs in a child of it (:meth:`trace_span`).
+    trace_context = models.CharField(  # noqa: DJ001 (NULL: no trace, as on buffer rows)
+        max_length=55, null=True, blank=True, editable=False
+    )
 
     class Meta:
         abstract = True
@@ -161,6 +167,19 @@ class UniqueJob(models.Model):
         raise NotImplementedError(
             f"{type(self).__name__} must override perform(self, heartbeat) with its work."
         )
+
+    def trace_span(self) -> tuple[str, dict[str, Any]]:
+        """The name and attributes of the span ``perform()`` runs in (OpenTelemetry).
+
+        The span is a child of the one that enqueued the job (``trace_context``). A kind
+        may override it to name its spans after what its jobs do.
+        """
+        label = self._meta.label
+        return f"django_outbox.job {label}", {
+            "django_outbox.kind": label,
+            "django_outbox.job_id": str(self.pk),
+            "django_outbox.attempt": self.attempt,
+        }
 
     @classmethod
     def job_options(cls) -> KindOptions:

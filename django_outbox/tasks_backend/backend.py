@@ -31,7 +31,6 @@ from django.utils.module_loading import import_string
 
 from django_outbox.exceptions import LeaseLost
 from django_outbox.tasks_backend.options import TASK_KIND
-from django_outbox.tracing import current_traceparent
 
 if TYPE_CHECKING:
     from django_outbox.tasks_backend.models import TaskRecord
@@ -178,7 +177,6 @@ class OutboxTaskBackend(BaseTaskBackend):
                 ("unique_key", getattr(task, "unique_key", None)),
                 ("idempotency_key", getattr(task, "idempotency_key", None) or ""),
                 ("worker_ids", ""),
-                ("trace_context", current_traceparent()),
             ],
         )
         arguments = [self._arguments(task, args, kwargs) for args, kwargs in calls]

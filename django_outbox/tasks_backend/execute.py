@@ -27,7 +27,6 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from django_outbox import tracing
 from django_outbox.exceptions import LeaseLost, PermanentFailure
 from django_outbox.idempotency import function_scope, idempotent
 from django_outbox.lease import describe, worker_identity
@@ -69,16 +68,8 @@ def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
         object.__setattr__(result, name, value)
     task_started.send(sender, task_result=result)
     args = [TaskContext(task_result=result), *record.args] if task.takes_context else record.args
-    attributes = {
-        "django_outbox.task": record.task_path,
-        "django_outbox.task_id": str(record.pk),
-        "django_outbox.attempt": record.attempt,
-    }
     try:
-        with (
-            tracing.continued(f"django.tasks {record.task_path}", record.trace_context, attributes),
-            KEEPER.keep(heartbeat, record.job_options().lease_seconds),
-        ):
+        with KEEPER.keep(heartbeat, record.job_options().lease_seconds):
             value = _call(task.call, args, record)
     except Exception as exc:
         options = record.job_options()

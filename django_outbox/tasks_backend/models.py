@@ -44,10 +44,6 @@ class TaskRecord(UniqueJob):
     worker_ids = models.TextField(
         blank=True, default="", help_text="The worker of each attempt, one per line."
     )
-    #: The W3C ``traceparent`` of the span that enqueued the task (OpenTelemetry), if any.
-    trace_context = models.CharField(  # noqa: DJ001 (NULL: no trace, as on buffer rows)
-        max_length=55, null=True, blank=True, editable=False
-    )
 
     class Job:
         unique_fields = ["task_path", "unique_key"]
@@ -72,6 +68,15 @@ class TaskRecord(UniqueJob):
         from django_outbox.tasks_backend.options import configured
 
         return configured()
+
+    def trace_span(self) -> tuple[str, dict[str, Any]]:
+        """A task runs in the span ``django.tasks <module.function>``, a child of the
+        span that enqueued it."""
+        return f"django.tasks {self.task_path}", {
+            "django_outbox.task": self.task_path,
+            "django_outbox.task_id": str(self.pk),
+            "django_outbox.attempt": self.attempt,
+        }
 
     def perform(self, heartbeat: Callable[[], None]) -> Any:
         """Call the task with its arguments; return its (JSON) return value."""

@@ -20,7 +20,7 @@ from django.db import models
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from django_outbox import transport
+from django_outbox import tracing, transport
 from django_outbox.conf import outbox_settings
 from django_outbox.db.base import concrete_field
 from django_outbox.db.unique import JobTable
@@ -58,7 +58,7 @@ def enqueue(
     after = _process_after(model, process_after)
     table = JobTable(model)
     draft = _draft(model, fields, "enqueue")
-    values = _payload_values(draft, table)
+    values = [*_payload_values(draft, table), *_traced(table)]
     unique = {
         attname: getattr(draft, attname)
         for attname in (concrete_field(model, name).attname for name in table.options.unique_fields)
@@ -125,13 +125,15 @@ def insert_many(
     """Insert prepared rows, lists of (field, database value) pairs (see
     :func:`storable`), in statements of up to ``MANY_ROWS`` rows, skipping each whose
     unique key has a job not started; kick the dispatch once after the commit. *common*
-    pairs are the same for every row (sent once per statement).
+    pairs are the same for every row (sent once per statement); the enqueuer's trace
+    context joins them while a span records (:func:`_traced`).
 
     Returns the jobs created, in order: instances, or with *returning* (field names,
     ``id`` first) tuples of their values.
     """
     after = _process_after(model, process_after)
     table = JobTable(model)
+    common = [*common, *_traced(table)]
     groups: dict[tuple[str, ...], list[list[tuple[Any, Any]]]] = {}
     for values in rows:
         groups.setdefault(tuple(field.name for field, _ in values), []).append(values)
@@ -160,6 +162,15 @@ def storable(table: JobTable, values: Iterable[tuple[str, Any]]) -> list[tuple[m
     database would refuse or change)."""
     model = table.model
     return [_prepared(table, concrete_field(model, name), value) for name, value in values]
+
+
+def _traced(table: JobTable) -> list[tuple[models.Field, Any]]:
+    """The ``trace_context`` column's (field, value) pair while a span records (the job
+    then runs in a child of it), else nothing: the INSERT is the same without one."""
+    traceparent = tracing.current_traceparent()
+    if traceparent is None:
+        return []
+    return [(concrete_field(table.model, "trace_context"), traceparent)]
 
 
 def _draft(model: type[UniqueJob], fields: dict[str, Any], call: str) -> UniqueJob:

@@ -25,6 +25,10 @@ costs a chunk nothing: its statements wait for the database to answer again, as 
 stream pipeline's do (:func:`~django_outbox.db.transient.outlast_outage`), for up to
 the kind's ``outage_seconds`` (half the lease, at most a minute), and then record what
 happened; the job it interrupted runs again under its lease.
+
+With OpenTelemetry, each job's ``perform()`` runs in a span of its own, a child of the
+span that enqueued it (:meth:`UniqueJob.trace_span`, :mod:`django_outbox.tracing`),
+also when one statement started its group.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, JSONField, Q, QuerySet
 from django.db.models.functions import Now
 
+from django_outbox import tracing
 from django_outbox.db.base import concrete_field
 from django_outbox.db.transient import (
     OUTAGE_RERUNS,
@@ -270,7 +275,10 @@ class _ChunkRun:
             mates = [pair for pair in self.ours if pair != (job_id, token)]
             beat = Heartbeat(self.model, job_id, attempt, token, mates)
             try:
-                result = stored_result(self.table, job.perform(beat))
+                name, attributes = job.trace_span()
+                with tracing.continued(name, job.trace_context, attributes):
+                    returned = job.perform(beat)
+                result = stored_result(self.table, returned)
             except LeaseLost:
                 logger.warning(
                     "%s #%s lost its lease during attempt %s.", self.label, job_id, attempt

@@ -98,7 +98,8 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "rows become dead letters",
     ("stream", "ISOLATE_FAILURES"): "split a group that fails as a whole in halves until the "
     "bad row is alone ([failure isolation](how-to/failures-and-dead-letters.md))",
-    ("stream", "ORDER_KEY"): "a field of the stream's buffer model: rows with the same value "
+    ("stream", "ORDER_KEY"): "a field of the stream's buffer model (on the generic buffer: "
+    "a top-level key of the payloads, stored by `publish()`): rows with the same value "
     "reach the handler in id order, never overtaking each other; `None`: no order "
     "([ordered streams](how-to/ordered-streams.md))",
     ("stream", "ORDER_AFTER_DEAD_LETTER"): '`"hold"`: a dead-lettered row holds back its '
@@ -109,6 +110,9 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("stream", "CALLS_PER_SECOND"): "rate budget: at most this many handler calls of the "
     "stream start per second, across every worker and cluster (`None`: no budget); see "
     "[rate limits](how-to/rate-limits.md)",
+    ("stream", "ROWS_PER_SECOND"): "row budget: at most this many rows of the stream reach "
+    "its handler per second, across every worker and cluster; claims take at most one "
+    "second's rows (`None`: no row budget); see [rate limits](how-to/rate-limits.md)",
     ("stream", "ARCHIVE_RETENTION_DAYS"): "this stream's own retention of archived `done` "
     "rows; `None`: the global one",
     ("stream", "ARCHIVE_FAILED_RETENTION_DAYS"): "this stream's own retention of dead "
@@ -215,7 +219,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stream", "HANDLER"): ("E010", "E011", "E012"),
     ("stream", "MODEL"): ("E020", "E021", "E022"),
     ("stream", "ON_EXHAUSTED"): ("E013", "E014"),
-    ("stream", "ORDER_KEY"): ("E023",),
+    ("stream", "ORDER_KEY"): ("E023", "W005"),
     ("stream", "BACKOFF_MAX_SECONDS"): ("E033",),
     ("stream", "CLUSTER"): ("W002", "E041"),
     ("stream", "LEASE_SECONDS"): ("E042",),
@@ -308,7 +312,8 @@ CHECK_DOCS: dict[str, str] = {
     "E020": "`MODEL` is not an installed model",
     "E021": "`MODEL` is not a `BufferEvent` subclass",
     "E022": "a custom buffer model is bound to two streams",
-    "E023": "`ORDER_KEY` is not a field of the stream's own buffer model",
+    "E023": "`ORDER_KEY` is not a field of the stream's own buffer model, or (generic "
+    "buffer) not the name of a payload key",
     "E024": '`ORDER_AFTER_DEAD_LETTER` is not `"hold"` or `"continue"`',
     "E030": "a stream's size or duration option is not a positive integer",
     "E031": "`ARCHIVE`, `TRANSACTIONAL`, `ISOLATE_FAILURES` or `AUTO_HEARTBEAT` is not a boolean",
@@ -336,6 +341,7 @@ CHECK_DOCS: dict[str, str] = {
     "E057": "with a broker that can lose jobs, `REDELIVER_SECONDS` does not exceed the "
     "`timeout` of `Q_CLUSTER` or of a cluster in `ALT_CLUSTERS`",
     "E060": "a stream's `CALLS_PER_SECOND` is not a positive number or `None`",
+    "E061": "a stream's `ROWS_PER_SECOND` is not a positive number or `None`",
     "E070": "a kind's `class Job` has an unknown option",
     "E071": "`unique_fields`/`unique_while_executing` is not a list of field names",
     "E072": "`unique_fields`/`unique_while_executing` names a field the kind does not have",
@@ -361,6 +367,7 @@ CHECK_DOCS: dict[str, str] = {
     "W002": '`CLUSTER` names a cluster missing from `Q_CLUSTER["ALT_CLUSTERS"]`',
     "W003": "a stream option of an earlier version (`KICK`, `MAX_BATCHES`): ignored, remove it",
     "W004": "the partitioned archive's partitions end before the next prune run is due",
+    "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
 }
 
 #: The modules whose source holds check ids (as string literals).

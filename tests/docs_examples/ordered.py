@@ -14,3 +14,22 @@ DJANGO_OUTBOX = {
     },
 }
 # --8<-- [end:settings]
+
+# --8<-- [start:generic]
+GENERIC_OUTBOX = {
+    "STREAMS": {
+        "orders": {
+            "HANDLER": "tests.testapp.handlers.record",
+            "ORDER_KEY": "order_id",  # a top-level key of the payloads
+        },
+    },
+}
+
+
+def order_paid(order_id: int) -> int:
+    from django_outbox import publish
+
+    return publish("orders", {"order_id": order_id, "status": "paid"})
+
+
+# --8<-- [end:generic]

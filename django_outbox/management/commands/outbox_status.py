@@ -47,6 +47,11 @@ class Command(BaseCommand):
                     f"  {s.stream} has a rate budget of {s.calls_per_second:g} handler calls/s "
                     f"({s.budget_calls:,} calls made under it)."
                 )
+            if s.rows_per_second is not None:
+                self.stdout.write(
+                    f"  {s.stream} has a row budget of {s.rows_per_second:g} rows/s "
+                    f"({s.budget_rows:,} rows handed over under it)."
+                )
             if s.groups_isolating:
                 self.stdout.write(
                     f"  {s.groups_isolating} group(s) of {s.stream} were split from a group "
