@@ -146,7 +146,7 @@ BEGIN
 END
 $$;
 """
-#: The function of migration 0014 before it queued wakes (dropped by migration 0019).
+#: The function of migration 0014 before it queued wakes (dropped by migration 0021).
 _DROP_JOB_BEFORE_WAKES = "DROP FUNCTION IF EXISTS django_outbox_job_wake_skip(text, text, integer);"
 
 _DROP = f"DROP FUNCTION IF EXISTS {FUNCTION}(text);"

@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     """The job guard queues the wake itself, and relies on one still untaken."""
 
     dependencies = [
-        ('django_outbox', '0018_trace_context'),
+        ('django_outbox', '0020_outboxevent_order_key'),
     ]
 
     operations = [
