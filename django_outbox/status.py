@@ -68,8 +68,12 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
     state = StreamState.objects.filter(stream=stream).first()
     now = database_now(connection_for(model).alias)
     buffer = stream_buffer(config)
-    backlog = buffer.count_unclaimed(cap)
-    unclaimed = model._default_manager.filter(group_id__isnull=True)
+    # Above the claim floor, as claims read (PostgreSQL): a held snapshot leaves dead
+    # entries below it that a count from the oldest end would step over, every scrape.
+    # A late row below the floor is seen once distribute has lowered the floor to it.
+    floor = state.claim_floor if state is not None and buffer.keeps_claim_floor else 0
+    backlog = buffer.count_unclaimed(cap, floor)
+    unclaimed = model._default_manager.filter(group_id__isnull=True, id__gt=floor)
     if buffer.stream is not None:
         unclaimed = unclaimed.filter(stream=stream)
     oldest = unclaimed.order_by("id").values_list("created_at", flat=True).first()

@@ -22,6 +22,7 @@ from django_outbox.conf import get_stream
 from django_outbox.distribute import distribute
 from django_outbox.models import OutboxEvent, StreamState
 from django_outbox.runs import claim_group, run
+from django_outbox.status import stream_status
 from tests.conftest import InlineRunner, publish_unwoken
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -159,6 +160,11 @@ def claim_buffers() -> int:
             claim_group(STREAM, run_here=True, state=StreamState.objects.get(stream=STREAM))
         transaction.set_rollback(True)
     (sql,) = [q["sql"] for q in queries.captured_queries if "SET group_id" in q["sql"]]
+    return buffers_of(sql)
+
+
+def buffers_of(sql: str) -> int:
+    """Shared buffers *sql* touches (run and rolled back)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
         plan = cursor.fetchone()[0]
@@ -167,6 +173,17 @@ def claim_buffers() -> int:
         plan = json.loads(plan)
     top = plan[0]["Plan"]
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
+
+
+def status_buffers() -> int:
+    """Shared buffers the stream's status (``outbox_status``, the metrics, the admin's
+    dashboard) touches in the buffer table."""
+    with CaptureQueriesContext(connection) as queries:
+        status = stream_status(STREAM)
+    assert status.backlog == 20
+    reads = [q["sql"] for q in queries.captured_queries if TABLE in q["sql"]]
+    assert len(reads) == 2  # the backlog's count and the oldest row
+    return sum(buffers_of(sql) for sql in reads)
 
 
 def move_rows(rows: int) -> None:
@@ -204,4 +221,23 @@ def test_the_claims_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, m
 
     # Ten times the dead rows behind it, and the claim touches the same pages (the
     # indexes' growth aside); from the index's oldest end it touched 280 more here.
+    assert after_many <= after_few + 50, (after_few, after_many)
+
+
+def test_the_status_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, monkeypatch):
+    """Every scrape of the metrics reads each stream's status: from the index's oldest
+    end it would step over every row moved since the snapshot was taken."""
+    monkeypatch.setattr(claim_floor, "ADVANCE_SECONDS", 0.0)
+    StreamState.objects.filter(stream=STREAM).update(batch_size_override=200)
+    other.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    other.execute("SELECT 1")
+
+    move_rows(2_000)
+    publish_unwoken(STREAM, [{"n": n} for n in range(20)])
+    after_few = status_buffers()
+
+    move_rows(20_000)
+    publish_unwoken(STREAM, [{"n": n} for n in range(20)])
+    after_many = status_buffers()
+
     assert after_many <= after_few + 50, (after_few, after_many)

@@ -125,9 +125,13 @@ class BufferOps:
         sql, where_params = self.claim_sql(floor)
         return Claimed(self.execute(sql, [self.group_param(group_id), *where_params, limit]))
 
-    def count_unclaimed(self, cap: int) -> int:
-        """Count unclaimed rows, stopping at *cap*, so the cost never grows past it."""
+    def count_unclaimed(self, cap: int, floor: int = 0) -> int:
+        """Count unclaimed rows, stopping at *cap*, so the cost never grows past it;
+        where :attr:`keeps_claim_floor`, only rows above *floor* (the dead entries below
+        it are not stepped over)."""
         where, params = self.stream_clause()
+        if self.keeps_claim_floor and floor:
+            where, params = f"{where} AND id > %s", [*params, floor]
         row = self.fetchone(
             f"SELECT COUNT(*) FROM (SELECT 1 FROM {self.table} "
             f"WHERE group_id IS NULL {where} LIMIT %s) AS backlog",
