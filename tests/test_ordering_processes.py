@@ -22,7 +22,7 @@ from tests.testapp.models import HandledCall, OrderedEvent
 pytestmark = [pytest.mark.postgres, pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 KEYS = 50
-PER_KEY = int(os.environ.get("OUTBOX_TEST_ORDERED_PER_KEY", "400"))
+PER_KEY = int(os.environ.get("OUTBOX_TEST_ORDERED_PER_KEY", "1000"))
 COMMIT_ROWS = 500
 
 
