@@ -114,10 +114,32 @@ def queue_row(job: Job, alias: str) -> tuple[str, str] | None:
     """The cluster key and the signed package of *job*, for a statement on *alias* to
     insert into django-q2's queue table in the caller's transaction (exactly-once
     hand-off); None when jobs on *alias* are not handed over that way (another broker,
-    django-q2's sync mode, or :func:`capture`)."""
+    django-q2's sync mode, or :func:`capture`).
+
+    A statement may decline the row (the job is not needed after all): the same package
+    is offered again to this thread's next statement for the same job, so a declined
+    offer costs no signing, until :func:`queued` says a statement took it (each queued
+    package keeps a task id of its own).
+    """
     if getattr(_local, "queue", None) is not None or not in_transaction_hand_off(alias):
         return None
-    return job.cluster or Conf.CLUSTER_NAME, _package(job)
+    offered: dict[tuple[str, str, str | None], tuple[str, str]]
+    offered = _local.__dict__.setdefault("offered", {})
+    key = _offer_key(job)
+    row = offered.get(key)
+    if row is None:
+        row = offered[key] = (job.cluster or Conf.CLUSTER_NAME, _package(job))
+    return row
+
+
+def queued(job: Job) -> None:
+    """A statement queued the row :func:`queue_row` offered for *job*: the next offer
+    signs a new package."""
+    _local.__dict__.get("offered", {}).pop(_offer_key(job), None)
+
+
+def _offer_key(job: Job) -> tuple[str, str, str | None]:
+    return job.func, repr(job.args), job.cluster
 
 
 def cluster_options(cluster: str | None) -> dict[str, Any] | None:

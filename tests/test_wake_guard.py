@@ -348,6 +348,10 @@ def test_an_enqueue_after_the_wake_was_taken_queues_a_wake_of_its_own():
     with transaction.atomic():
         ThrottledJob.enqueue(key="b")
     assert OrmQ.objects.count() == 2
+    # Each queued wake is a django-q2 task of its own (the package offered to the
+    # declining inserts is signed once, and never queued twice).
+    ids = {SignedPackage.loads(row.payload)["id"] for row in OrmQ.objects.all()}
+    assert len(ids) == 2
     OrmQ.objects.all().delete()  # both done (acknowledged): gone from the queue
     with transaction.atomic():
         ThrottledJob.enqueue(key="c")

@@ -67,7 +67,7 @@ def enqueue(
     def insert() -> UniqueJob | None:
         started = time.monotonic()
         job = table.insert_pending(values, after, wake=_wake(table))
-        if job is not None and not table.woke:
+        if job is not None and not _woke(table):
             kick_after_commit(model, table.alias, guarded_since=_since(table, started))
         return job
 
@@ -146,7 +146,7 @@ def insert_many(
             created += table.insert_pending_many(
                 group[start : start + MANY_ROWS], after, returning, common, wake
             )
-    if created and not (one and table.woke):
+    if created and not (one and _woke(table)):
         # One row (the tasks backend's enqueue()) may have found the kind at its
         # concurrency under the wake guard; more rows always kick.
         since = _since(table, started) if len(created) == 1 else None
@@ -280,11 +280,22 @@ def _wake(table: JobTable) -> tuple[str, str] | None:
     """The kind's wake, a django-q2 task that dispatches in a worker, for a one-row
     insert to queue in its own statement (PostgreSQL, ORM broker on the kind's
     database); None where the commit dispatches (or ``DISPATCH_ON_COMMIT = "thread"``
-    hands it to the dispatcher thread)."""
+    hands it to the dispatcher thread). Signed once and offered again while the
+    inserts decline it (:func:`_woke`)."""
     if outbox_settings().dispatch_on_commit == "thread" or not table.guards():
         return None
-    job = transport.Job(RUN, (table.model._meta.label, []), table.options.cluster)
-    return transport.queue_row(job, table.alias)
+    return transport.queue_row(_wake_job(table), table.alias)
+
+
+def _woke(table: JobTable) -> bool:
+    """Whether the last insert queued the kind's wake (the next one signs another)."""
+    if table.woke:
+        transport.queued(_wake_job(table))
+    return table.woke
+
+
+def _wake_job(table: JobTable) -> transport.Job:
+    return transport.Job(RUN, (table.model._meta.label, []), table.options.cluster)
 
 
 def _dispatch(label: str, guarded_since: list[float | None]) -> None:
