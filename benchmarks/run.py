@@ -538,6 +538,45 @@ def buffer_health() -> dict[str, int]:
 # -- main ---------------------------------------------------------------------------
 
 
+def paired_runs(events: int, repeat: int) -> tuple[Result, Result, list[float], Any, Any]:
+    """*repeat* runs of B, each followed by one of C: the median runs, the sorted paired
+    ratios B/C, and the last run's publish rates and buffer health."""
+    outbox_runs, floor_runs = [], []
+    for n in range(repeat):
+        outbox, publish_rates = run_outbox(events)
+        health = buffer_health()
+        outbox_runs.append(outbox)
+        floor_runs.append(run_floor(events))
+        print(
+            f"  run {n + 1}: B {outbox.rate:,.0f} events/s, C {floor_runs[-1].rate:,.0f} events/s",
+            flush=True,
+        )
+    paired = sorted(b.rate / c.rate for b, c in zip(outbox_runs, floor_runs, strict=True))
+    return median_run(outbox_runs), median_run(floor_runs), paired, publish_rates, health
+
+
+def pipeline(args: argparse.Namespace, path: Path) -> int:
+    """The stream pipeline's figures alone: B/C (median of the pairs), the publish
+    overhead and the commit-to-archive latency, as the full run measures them."""
+    outbox, floor_result, paired, _, _ = paired_runs(args.events, args.repeat)
+    overhead = publish_overhead(args.publish_transactions)
+    latencies = latency_runs(args.latency_seconds, args.idle_seconds, outbox.rate)
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "events": args.events,
+        "B_events_per_s": outbox.all_rates,
+        "C_events_per_s": floor_result.all_rates,
+        "B/C": round(statistics.median(paired), 3),
+        "B/C_runs": [round(r, 3) for r in paired],
+        "publish_overhead": overhead,
+        "latency": latencies,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20_000, help="events for B and C")
@@ -566,6 +605,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only the publish overhead (a transaction without and with one event), printed",
     )
     parser.add_argument(
+        "--only-pipeline",
+        action="store_true",
+        help="only the stream pipeline's figures: B and C in pairs, the publish overhead and "
+        "the commit-to-archive latency (written to bench-pipeline.json)",
+    )
+    parser.add_argument(
         "--otel",
         action="store_true",
         help="only B, with opentelemetry-api importable (no SDK) against not importable",
@@ -586,22 +631,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.otel:
         return otel_comparison(args.events, args.repeat, args.json.with_name("bench-otel.json"))
+    if args.only_pipeline:
+        return pipeline(args, args.json.with_name("bench-pipeline.json"))
 
     print(f"django_outbox benchmark on {platform.node()}, {os.cpu_count()} cores", flush=True)
     naive = run_naive(args.naive_events)
     print(f"  A done: {naive.rate:,.0f} events/s", flush=True)
-    outbox_runs, floor_runs = [], []
-    for n in range(args.repeat):
-        outbox, publish_rates = run_outbox(args.events)
-        health = buffer_health()
-        outbox_runs.append(outbox)
-        floor_runs.append(run_floor(args.events))
-        print(
-            f"  run {n + 1}: B {outbox.rate:,.0f} events/s, C {floor_runs[-1].rate:,.0f} events/s",
-            flush=True,
-        )
-    paired = sorted(b.rate / c.rate for b, c in zip(outbox_runs, floor_runs, strict=True))
-    outbox, floor_result = median_run(outbox_runs), median_run(floor_runs)
+    outbox, floor_result, paired, publish_rates, health = paired_runs(args.events, args.repeat)
     overhead = publish_overhead(args.publish_transactions)
     small, large = (claim_latency(n) for n in args.scale)
     statements = library_statements(min(args.events, 10_000))
