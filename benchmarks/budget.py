@@ -6,6 +6,10 @@ batches of 10, ``CALLS_PER_SECOND`` 20). After a warm-up, the handler calls of a
 of ``--seconds`` are counted twice: by the stream's budget counter (``budget_calls``)
 and by the groups archived per second, both in the database's clock.
 
+``BENCH_ROWS_PER_SECOND=2000 python3 dev.py bench budget pace`` — the same with the
+row budget instead (``ROWS_PER_SECOND``, batches of 100): rows archived per second and
+the ``budget_rows`` counter.
+
 ``python3 dev.py bench budget latency`` — the latency benchmark's trickle (``--rate``,
 300 events a second by default, one row per commit, the ``orders`` stream with its
 defaults, one qcluster), in pairs: without a budget, then with a budget it never
@@ -61,15 +65,19 @@ def database_seconds() -> float:
         return float(cursor.fetchone()[0])
 
 
-def budget_calls() -> int:
-    return StreamState.objects.get(stream=PACED).budget_calls
+def budget_spent(rows: bool) -> int:
+    """The stream's budget counter: handler calls, or rows with the row budget."""
+    state = StreamState.objects.get(stream=PACED)
+    return state.budget_rows if rows else state.budget_calls
 
 
-def calls_per_second(start: float, end: float) -> list[int]:
-    """Handler calls (groups archived) in each whole second of [start, end)."""
+def spent_per_second(start: float, end: float, rows: bool) -> list[int]:
+    """Handler calls (groups archived), or rows archived, in each whole second of
+    [start, end)."""
+    what = "COUNT(*)" if rows else "COUNT(DISTINCT group_id)"
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT FLOOR(EXTRACT(EPOCH FROM archived_at) - %s)::int, COUNT(DISTINCT group_id) "
+            f"SELECT FLOOR(EXTRACT(EPOCH FROM archived_at) - %s)::int, {what} "
             "FROM django_outbox_archivedevent WHERE stream = %s "
             "AND archived_at >= to_timestamp(%s) AND archived_at < to_timestamp(%s) "
             "GROUP BY 1 ORDER BY 1",
@@ -81,11 +89,13 @@ def calls_per_second(start: float, end: float) -> list[int]:
 
 def pace(clusters: int, seconds: float, warmup: float) -> dict[str, Any]:
     config = get_stream(PACED)
-    budget = config.calls_per_second
-    assert budget, "the paced stream has no CALLS_PER_SECOND"
+    rows = bool(config.rows_per_second)  # BENCH_ROWS_PER_SECOND: the row budget
+    budget = config.rows_per_second if rows else config.calls_per_second
+    assert budget, "the paced stream has no budget"
     reset()
     # Enough rows that the backlog outlasts the run at the budget: it is never short.
-    fill(PACED, int(budget * (seconds + warmup + 30) * config.batch_size * 1.5))
+    per_unit = 1 if rows else config.batch_size
+    fill(PACED, int(budget * (seconds + warmup + 30) * per_unit * 1.5))
     call_command("outbox_schedules", verbosity=0)
     logs = [(ROOT / "artifacts" / f"bench-budget-{n}.log") for n in range(clusters)]
     logs[0].parent.mkdir(exist_ok=True)
@@ -96,26 +106,28 @@ def pace(clusters: int, seconds: float, warmup: float) -> dict[str, Any]:
     try:
         wake(PACED)  # as a commit would: one run, which fans out up to CHAINS
         time.sleep(warmup)  # the clusters start and the runs fan out
-        start, calls_before = database_seconds(), budget_calls()
+        start, spent_before = database_seconds(), budget_spent(rows)
         time.sleep(seconds)  # the window being measured
-        end, calls_after = database_seconds(), budget_calls()
+        end, spent_after = database_seconds(), budget_spent(rows)
     finally:
         stop(processes)
-    per_second = calls_per_second(start, end)
+    per_second = spent_per_second(start, end, rows)
     window = end - start
-    rate = (calls_after - calls_before) / window
+    rate = (spent_after - spent_before) / window
     tens = [sum(per_second[i : i + 10]) / 10 for i in range(0, len(per_second) - 9, 10)]
+    unit = "rows" if rows else "calls"
+    archived = "archived_rows" if rows else "archived_groups"
     return {
         "clusters": clusters,
         "workers": clusters * 2,
-        "calls_per_second_budget": budget,
+        f"{unit}_per_second_budget": budget,
         "batch_size": config.batch_size,
         "window_s": round(window, 1),
-        "calls": calls_after - calls_before,
-        "calls_per_s": round(rate, 2),
+        unit: spent_after - spent_before,
+        f"{unit}_per_s": round(rate, 2),
         "ratio_to_budget": round(rate / budget, 3),
-        "archived_groups_per_s_by_10s": [round(t, 1) for t in tens],
-        "archived_groups_per_s_min_max": [min(per_second), max(per_second)],
+        f"{archived}_per_s_by_10s": [round(t, 1) for t in tens],
+        f"{archived}_per_s_min_max": [min(per_second), max(per_second)],
     }
 
 

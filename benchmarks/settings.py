@@ -103,6 +103,12 @@ DJANGO_OUTBOX["STREAMS"]["paced"] = {
     "BATCH_SIZE": 10,
     "CALLS_PER_SECOND": float(os.environ.get("BENCH_CALLS_PER_SECOND", "20")),
 }
+if os.environ.get("BENCH_ROWS_PER_SECOND"):  # the row budget instead (batches of 100)
+    DJANGO_OUTBOX["STREAMS"]["paced"] = {
+        "HANDLER": "benchmarks.tasks.serialize_batch",
+        "BATCH_SIZE": 100,
+        "ROWS_PER_SECOND": float(os.environ["BENCH_ROWS_PER_SECOND"]),
+    }
 if os.environ.get("BENCH_ORDERS_CALLS_PER_SECOND"):
     DJANGO_OUTBOX["STREAMS"]["orders"]["CALLS_PER_SECOND"] = float(
         os.environ["BENCH_ORDERS_CALLS_PER_SECOND"]
