@@ -9,15 +9,17 @@ Values are not validated here: the checks report bad ones.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.apps import apps
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import router
 from django.db.models import Model
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
@@ -35,6 +37,9 @@ from django_outbox.options import (
     OptionTable,
     choice,
 )
+from django_outbox.routing import current_alias, on_database
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 SETTING_NAME = "DJANGO_OUTBOX"
 GENERIC_MODEL = "django_outbox.OutboxEvent"
@@ -82,6 +87,7 @@ STREAM_OPTIONS = OptionTable(
     Option("ARCHIVE", True, BOOL, "E031"),
     Option("TRANSACTIONAL", False, BOOL, "E031"),
     Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
+    Option("DATABASE", None),  # an alias of settings.DATABASES: check E025; tables: W005
     Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
     Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
     Option("AUTO_HEARTBEAT", True, BOOL, "E031"),  # keep a long handler's lease alive
@@ -215,6 +221,7 @@ class StreamConfig:
     order_key: str | None = None
     order_after_dead_letter: str = "hold"
     calls_per_second: float | None = None
+    database: str | None = None
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
@@ -225,6 +232,15 @@ class StreamConfig:
         """The buffer model class (``app_label.ModelName`` resolved through the registry)."""
 
         return apps.get_model(self.model)
+
+    @property
+    def alias(self) -> str:
+        """The database the stream lives on: its rows, groups, state and archive.
+
+        Its ``DATABASE`` option, else the database the router picks for writes of its
+        buffer model.
+        """
+        return self.database or router.db_for_write(self.model_class)
 
     @property
     def outage_seconds(self) -> float:
@@ -372,6 +388,42 @@ def _import_handler(path: str | None) -> Callable[..., Any]:
 def get_stream(name: str) -> StreamConfig:
     """Return the configuration of stream *name* or raise :class:`UnknownStream`."""
     return outbox_settings().stream(name)
+
+
+def stream_databases() -> dict[str, list[str]]:
+    """The configured streams by the database each lives on (aliases in settings order)."""
+    found: dict[str, list[str]] = {}
+    for name, config in outbox_settings().streams.items():
+        found.setdefault(config.alias, []).append(name)
+    order = list(settings.DATABASES)
+    return dict(sorted(found.items(), key=lambda item: _position(order, item[0])))
+
+
+def _position(order: list[str], alias: str) -> int:
+    return order.index(alias) if alias in order else len(order)
+
+
+@contextlib.contextmanager
+def stream_database(stream: str | StreamConfig) -> Iterator[StreamConfig]:
+    """Run the block on the database *stream* lives on (:mod:`django_outbox.routing`)."""
+    config = stream if isinstance(stream, StreamConfig) else get_stream(stream)
+    with on_database(config.alias):
+        yield config
+
+
+def on_stream_database(func: F) -> F:
+    """Run *func* on the database of the stream named (or configured) by its first argument."""
+
+    @functools.wraps(func)
+    def wrapper(stream: Any, *args: Any, **kwargs: Any) -> Any:
+        config = stream if isinstance(stream, StreamConfig) else get_stream(stream)
+        alias = config.alias
+        if current_alias() == alias:
+            return func(stream, *args, **kwargs)
+        with on_database(alias):
+            return func(stream, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @receiver(setting_changed)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from django.db.models import Min
 
 from django_outbox import transport
-from django_outbox.conf import get_stream, outbox_settings
+from django_outbox.conf import get_stream, on_stream_database, outbox_settings
 from django_outbox.db import connection_for, database_now
 from django_outbox.distribute import distribute
 from django_outbox.models import GroupState, OutboxGroup, StreamState
@@ -85,6 +85,7 @@ def run_inline(
             waited += delay
 
 
+@on_stream_database
 def _queued_groups(stream: str, limit: int = 500) -> list[transport.Job]:
     """Run jobs for the stream's queued groups: their own jobs may wait for a cluster.
 

@@ -27,6 +27,7 @@ from django_outbox.db import connection_for, database_now
 from django_outbox.db import idempotency as keys_sql
 from django_outbox.models import ArchivedEvent, IdempotencyKey, Outcome
 from django_outbox.models.unique import UniqueJob, all_kinds
+from django_outbox.routing import on_database
 from django_outbox.unique.options import kind_options
 
 DEFAULT_BATCH_SIZE = 5000
@@ -42,6 +43,8 @@ class PruneTarget:
     #: Conditions that confine the delete by id to the partitions that can hold the rows
     #: (a partitioned archive: its primary key is ``(id, outcome, archived_at)``).
     confine: Callable[[datetime], dict[str, object]] | None = None
+    #: The database of the rows (an archive's: its stream's); None: where the router says.
+    alias: str | None = None
 
 
 def _finished_jobs(kind: type[UniqueJob]) -> Callable[[datetime], models.QuerySet]:
@@ -92,6 +95,7 @@ def prune_targets(
                     ArchivedEvent,
                     _archive_due(stream, outcome, days, before),
                     None if partitioned is None else _confine(outcome, days, before),
+                    _stream_alias(stream),
                 )
             )
     if streams is None:
@@ -105,6 +109,12 @@ def prune_targets(
                 )
             )
     return targets
+
+
+def _stream_alias(stream: str) -> str | None:
+    """The database of a configured stream; None for one only the archive remembers."""
+    config = outbox_settings().streams.get(stream)
+    return config.alias if config is not None else None
 
 
 def _archive_due(
@@ -164,11 +174,12 @@ def prune_all(
         results.extend(_retire_partitions(known, dry_run))
     for target in prune_targets(streams, known):
         started = time.perf_counter()
-        if dry_run:
-            now = database_now(connection_for(target.model).alias)
-            rows = target.due(now).count()
-        else:
-            rows = _delete_in_batches(target, batch_size, progress)
+        with on_database(target.alias):
+            if dry_run:
+                now = database_now(connection_for(target.model).alias)
+                rows = target.due(now).count()
+            else:
+                rows = _delete_in_batches(target, batch_size, progress)
         results.append(PruneResult(target.label, rows, time.perf_counter() - started, dry_run))
     return results
 
@@ -198,7 +209,7 @@ def _delete_in_batches(
             else:
                 now = database_now(alias)
                 ids = list(target.due(now).values_list("pk", flat=True)[:batch_size])
-                rows = target.model._base_manager.filter(pk__in=ids)
+                rows = target.model._base_manager.db_manager(alias).filter(pk__in=ids)
                 if target.confine is not None:
                     rows = rows.filter(**target.confine(now))
                 count = rows.delete()[0] if ids else 0

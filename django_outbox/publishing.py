@@ -19,7 +19,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db.models import JSONField, Value
 
-from django_outbox.conf import StreamConfig, get_stream
+from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.jsondata import MAX_DEPTH, dumps_or
@@ -63,6 +63,7 @@ def _dumps(stream: str, payload: Any) -> str:
     )
 
 
+@on_stream_database
 def publish(stream: str, payload: Any) -> int:
     """Insert one event for *stream* and return its id.
 
@@ -87,6 +88,7 @@ def publish(stream: str, payload: Any) -> int:
     return event_id
 
 
+@on_stream_database
 def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000) -> int:
     """Insert many events for *stream* in bulk; return how many were inserted.
 

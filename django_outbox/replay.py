@@ -11,7 +11,7 @@ from django.db import models, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from django_outbox.conf import get_stream
+from django_outbox.conf import get_stream, stream_database
 from django_outbox.db import connection_for
 from django_outbox.models import ArchivedEvent, Outcome
 from django_outbox.signals import rows_replayed, send_on_commit
@@ -35,8 +35,7 @@ def dead_letters(
     """Failed archived rows that were not replayed yet, filtered as given."""
     rows = ArchivedEvent.objects.filter(outcome=Outcome.FAILED, replayed_at__isnull=True)
     if stream is not None:
-        get_stream(stream)
-        rows = rows.filter(stream=stream)
+        rows = rows.using(get_stream(stream).alias).filter(stream=stream)
     if since is not None:
         rows = rows.filter(archived_at__gte=since)
     if until is not None:
@@ -65,7 +64,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
         model = config.model_class
         fields = [f for f in model._meta.concrete_fields if f.column not in _FRESH_COLUMNS]
         while True:
-            with transaction.atomic(using=connection_for(model).alias):
+            with stream_database(config), transaction.atomic(using=connection_for(model).alias):
                 batch = list(
                     rows.filter(stream=name)
                     .select_for_update(skip_locked=True)
@@ -78,7 +77,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
                     model(**{f.attname: _value(f, data.get(f.column)) for f in fields})
                     for _, data in batch
                 )
-                ArchivedEvent.objects.filter(id__in=[pk for pk, _ in batch]).update(
+                ArchivedEvent.objects.using(rows.db).filter(id__in=[pk for pk, _ in batch]).update(
                     replayed_at=Now()
                 )
                 send_on_commit(rows_replayed, name, rows=len(batch))

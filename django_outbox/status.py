@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import Count
 
-from django_outbox.conf import get_stream, outbox_settings
+from django_outbox.conf import get_stream, on_stream_database, outbox_settings
 from django_outbox.db import connection_for, database_now, stream_buffer
 from django_outbox.db.runs import runs_in_flight
 from django_outbox.models import (
@@ -59,6 +59,7 @@ class StreamStatus:
         return data
 
 
+@on_stream_database
 def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
     """Return the status of *stream*."""
     config = get_stream(stream)

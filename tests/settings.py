@@ -7,6 +7,7 @@ URL means PostgreSQL. ``pytest --postgres`` sets it before these settings load
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import tempfile
@@ -101,6 +102,25 @@ else:
             },
             "TEST": {"NAME": _name},
         }
+    }
+
+# A second database for the tests of streams on many databases
+# (tests/test_many_databases.py): pytest-django creates it only for a run that collects
+# a test declaring it (``databases={"default", "other"}``). Its name is the default's
+# with "2" appended, so a child process given the test database's URL finds the test
+# copy of this one too (test_outbox + 2 == test_ + outbox2).
+OTHER_DATABASE = "other"
+if _url:
+    DATABASES[OTHER_DATABASE] = {
+        **copy.deepcopy(DATABASES["default"]),
+        "NAME": DATABASES["default"]["NAME"] + "2",
+    }
+else:
+    _other_name = _name.removesuffix(".sqlite3") + "2.sqlite3"
+    DATABASES[OTHER_DATABASE] = {
+        **copy.deepcopy(DATABASES["default"]),
+        "NAME": _other_name,
+        "TEST": {"NAME": _other_name},
     }
 
 Q_CLUSTER: dict[str, Any] = {

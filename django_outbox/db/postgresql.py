@@ -5,11 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import connections, router
-
 from django_outbox.db import wake_guard
 from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move
 from django_outbox.models import StreamState
+from django_outbox.routing import connection_for
 
 
 class PostgresBufferOps(BufferOps):
@@ -41,7 +40,7 @@ class PostgresBufferOps(BufferOps):
     def insert_event_guarded(
         self, stream: str, payload_json: str, trace_context: str | None = None
     ) -> tuple[int, bool]:
-        if connections[router.db_for_write(StreamState)] is not self.connection:
+        if connection_for(StreamState) is not self.connection:
             return super().insert_event_guarded(stream, payload_json, trace_context)
         traced = (", trace_context", ", %s", [trace_context]) if trace_context else ("", "", [])
         row = self.fetchone(

@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from django_outbox.conf import MAX_BATCH_SIZE
+from django_outbox.routing import StreamScopedManager
 
 
 class StreamState(models.Model):
@@ -70,6 +71,8 @@ class StreamState(models.Model):
         help_text="Handler calls made under the stream's CALLS_PER_SECOND, since the start.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    objects = StreamScopedManager()  # on its stream's database
 
     class Meta:
         verbose_name = "stream state"

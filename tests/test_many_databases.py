@@ -1,0 +1,216 @@
+"""Streams on many databases: each stream's rows, groups, state and archive on its own.
+
+A stream lives on its ``DATABASE`` (or where the router sends its buffer model); the
+pipeline, the status, the admin and the checks follow it there. Both tiers: the second
+database (``other``, see tests/settings.py) is created only for the tests here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.db import connections, transaction
+from django.db.migrations.recorder import MigrationRecorder
+from django.db.models.functions import Now
+from django.test import override_settings
+from django.urls import reverse
+from django.utils.timezone import now
+
+from django_outbox import publish, publish_many
+from django_outbox.batch import Batch
+from django_outbox.checks import unapplied_migrations
+from django_outbox.conf import get_stream, stream_databases
+from django_outbox.distribute import distribute
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.runs import set_paused
+from django_outbox.status import all_statuses
+from tests.conftest import InlineRunner, unwoken
+from tests.testapp.models import Attachment, HandledCall
+
+BOTH = ["default", "other"]
+pytestmark = pytest.mark.django_db(transaction=True, databases=BOTH)
+
+HANDLER = "tests.testapp.handlers.record"
+
+
+def record_ids(batch: Batch) -> None:
+    """A handler for buffers without a payload: record the ids it saw."""
+    HandledCall.objects.create(
+        stream=batch.stream,
+        group_id=batch.group_id,
+        attempt=batch.attempt,
+        event_ids=[row["id"] for row in batch.rows("id")],
+    )
+
+
+def two_streams(**remote: Any) -> dict[str, Any]:
+    """``audit`` on the default database, ``remote`` on ``other``."""
+    return {
+        "STREAMS": {
+            "audit": {"HANDLER": HANDLER, "BATCH_SIZE": 10},
+            "remote": {"HANDLER": HANDLER, "BATCH_SIZE": 10, "DATABASE": "other", **remote},
+        }
+    }
+
+
+class AttachmentsOnOther:
+    """A router that sends the ``Attachment`` buffer to ``other``."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return "other" if model is Attachment else None
+
+    db_for_read = db_for_write
+
+
+def handled_ids(stream: str) -> list[int]:
+    calls = HandledCall.objects.filter(stream=stream)
+    return sorted(i for call in calls for i in call.event_ids)
+
+
+def on(alias: str, model: Any, **lookups: Any) -> int:
+    return model.objects.using(alias).filter(**lookups).count()
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_each_stream_is_delivered_from_its_own_database_with_its_groups_state_and_archive():
+    runner = InlineRunner()
+    with runner.capturing():
+        with transaction.atomic(using="other"):
+            remote = [publish("remote", {"n": n}) for n in range(25)]
+        with transaction.atomic():
+            audit = [publish("audit", {"n": n}) for n in range(5)]
+    assert on("other", OutboxEvent, stream="remote") == 25
+    assert on("default", OutboxEvent, stream="remote") == 0
+    runner.drain()
+
+    assert handled_ids("remote") == sorted(remote)
+    assert handled_ids("audit") == sorted(audit)
+    assert on("other", ArchivedEvent, stream="remote", outcome="done") == 25
+    assert on("default", ArchivedEvent, stream="remote") == 0
+    assert on("default", ArchivedEvent, stream="audit", outcome="done") == 5
+    assert on("other", ArchivedEvent, stream="audit") == 0
+    assert on("other", OutboxEvent) == on("default", OutboxEvent) == 0
+    assert on("other", OutboxGroup) == on("default", OutboxGroup) == 0
+    assert on("other", StreamState, stream="remote") == 1
+    assert on("default", StreamState, stream="remote") == 0
+    assert on("other", StreamState, stream="audit") == 0
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_publish_many_a_failed_group_and_distribute_stay_on_the_streams_database(handler_mode):
+    handler_mode("raise")
+    runner = InlineRunner()
+    with runner.capturing():
+        assert publish_many("remote", [{"n": n} for n in range(3)]) == 3
+    runner.drain()
+    [group] = OutboxGroup.objects.using("other").all()
+    assert group.state == "retrying"
+    assert on("default", OutboxGroup) == 0
+
+    handler_mode("ok")
+    OutboxGroup.objects.using("other").update(next_attempt_at=Now())  # due now
+    with runner.capturing():
+        result = distribute("remote")
+    assert result.groups_enqueued == 1
+    runner.drain()
+    assert on("other", ArchivedEvent, stream="remote", outcome="done") == 3
+    assert on("other", OutboxGroup) == 0
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_pausing_a_stream_writes_its_state_on_its_database():
+    set_paused("remote", True)
+    assert StreamState.objects.using("other").get(stream="remote").paused
+    assert not StreamState.objects.using("default").filter(stream="remote").exists()
+    runner = InlineRunner()
+    with runner.capturing():
+        publish("remote", {"n": 1})
+    assert runner.drain() == []  # paused: the wake starts nothing
+    assert on("other", OutboxEvent, stream="remote") == 1
+
+
+@override_settings(
+    DATABASE_ROUTERS=[f"{__name__}.AttachmentsOnOther"],
+    DJANGO_OUTBOX={
+        "STREAMS": {
+            "files": {"HANDLER": f"{__name__}.record_ids", "MODEL": "testapp.Attachment"},
+        }
+    },
+)
+def test_a_stream_lives_where_the_router_sends_its_buffer_model():
+    assert get_stream("files").alias == "other"
+    runner = InlineRunner()
+    with runner.capturing():
+        created = Attachment.objects.bulk_create(
+            [Attachment(title=f"t{n}", content=b"x") for n in range(4)]
+        )
+    assert on("other", Attachment) == 4
+    runner.drain()
+    assert handled_ids("files") == sorted(row.id for row in created)
+    assert on("other", ArchivedEvent, stream="files", outcome="done") == 4
+    assert on("default", ArchivedEvent) == 0
+    assert on("other", StreamState, stream="files") == 1
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_status_reads_each_stream_on_its_database():
+    with unwoken():
+        publish_many("remote", [{"n": n} for n in range(7)])
+        publish_many("audit", [{"n": n} for n in range(2)])
+    backlog = {status.stream: status.backlog for status in all_statuses()}
+    assert backlog == {"audit": 2, "remote": 7}
+    assert stream_databases() == {"default": ["audit"], "other": ["remote"]}
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_the_admin_lists_the_rows_of_the_chosen_database(admin_client):
+    ArchivedEvent.objects.using("other").create(
+        stream="remote", event_id=1, data={}, outcome="failed", attempts=1, created_at=now()
+    )
+    url = reverse("admin:django_outbox_archivedevent_changelist")
+    assert admin_client.get(url).context["cl"].result_count == 0  # the router's database
+    page = admin_client.get(url, {"database": "other"})
+    assert page.status_code == 200
+    assert page.context["cl"].result_count == 1
+    [row] = page.context["cl"].result_list
+    detail = admin_client.get(
+        reverse("admin:django_outbox_archivedevent_change", args=[row.pk]),
+        {"_changelist_filters": "database=other"},
+    )
+    assert detail.status_code == 200
+    state = admin_client.get(
+        reverse("admin:django_outbox_streamstate_changelist"), {"database": "other"}
+    )
+    assert state.status_code == 200
+
+
+def _messages(**settings: Any) -> list[tuple[str, str]]:
+    return [(m.id, m.msg) for m in run_checks(**settings) if m.id.startswith("django_outbox")]
+
+
+@override_settings(DJANGO_OUTBOX=two_streams(DATABASE="elsewhere"))
+def test_a_database_that_settings_do_not_define_is_e025():
+    assert (
+        "django_outbox.E025",
+        "DJANGO_OUTBOX['STREAMS']['remote']['DATABASE'] must name "
+        "a database of settings.DATABASES, not 'elsewhere'.",
+    ) in _messages()
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_a_stream_database_without_the_librarys_migrations_is_w005():
+    assert _messages(databases=BOTH, tags=["database"]) == []
+    assert unapplied_migrations(connections["other"]) == []
+    recorder = MigrationRecorder(connections["other"])
+    latest = max(name for app, name in recorder.applied_migrations() if app == "django_outbox")
+    recorder.record_unapplied("django_outbox", latest)
+    try:
+        [(check, message)] = _messages(databases=BOTH, tags=["database"])
+        assert check == "django_outbox.W005"
+        assert "'other' holds streams remote" in message and latest in message
+        # Only the databases a check is asked about are read (migrate --database X).
+        assert _messages(databases=["default"], tags=["database"]) == []
+    finally:
+        recorder.record_applied("django_outbox", latest)
