@@ -206,6 +206,11 @@ if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
     DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_CHAOS_STREAM
     Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}
+# The process test of streams on many databases (tests/test_many_databases_processes.py):
+# the crash stream on each of the two databases, one cluster for both.
+CRASH_OTHER_STREAM = {**CRASH_STREAM, "DATABASE": OTHER_DATABASE}
+if os.environ.get("OUTBOX_TEST_CRASH"):
+    DJANGO_OUTBOX["STREAMS"]["crash_other"] = CRASH_OTHER_STREAM
 STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["stall"] = STALL_STREAM
