@@ -209,7 +209,7 @@ if os.environ.get("OUTBOX_TEST_CRASH"):
 # The process test of streams on many databases (tests/test_many_databases_processes.py):
 # the crash stream on each of the two databases, one cluster for both.
 CRASH_OTHER_STREAM = {**CRASH_STREAM, "DATABASE": OTHER_DATABASE}
-if os.environ.get("OUTBOX_TEST_CRASH"):
+if os.environ.get("OUTBOX_TEST_MANY_DATABASES"):
     DJANGO_OUTBOX["STREAMS"]["crash_other"] = CRASH_OTHER_STREAM
 STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
 if os.environ.get("OUTBOX_TEST_CRASH"):

@@ -56,6 +56,7 @@ def test_one_cluster_delivers_streams_of_two_databases_once_with_workers_killed(
         published = {stream: publish(stream, 0, EVENTS) for stream in STREAMS}
         env = {
             "OUTBOX_TEST_CRASH": "1",
+            "OUTBOX_TEST_MANY_DATABASES": "1",
             "OUTBOX_TEST_BUSY_DIR": str(busy),
             "Q_CLUSTER_NAME": "crash",
         }
