@@ -7,7 +7,9 @@ database (``other``, see tests/settings.py) is created only for the tests here.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.checks import run_checks
@@ -18,16 +20,17 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils.timezone import now
 
-from django_outbox import publish, publish_many
+from django_outbox import publish, publish_many, transport
 from django_outbox.batch import Batch
 from django_outbox.checks import unapplied_migrations
 from django_outbox.conf import get_stream, stream_databases
 from django_outbox.distribute import distribute
-from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob, StreamState
 from django_outbox.runs import set_paused
+from django_outbox.staging import drain_until_empty, stage_task, staging_databases
 from django_outbox.status import all_statuses
 from tests.conftest import InlineRunner, unwoken
-from tests.testapp.models import Attachment, HandledCall
+from tests.testapp.models import Attachment, HandledCall, JobEffect
 
 BOTH = ["default", "other"]
 pytestmark = pytest.mark.django_db(transaction=True, databases=BOTH)
@@ -214,3 +217,40 @@ def test_a_stream_database_without_the_librarys_migrations_is_w005():
         assert _messages(databases=["default"], tags=["database"]) == []
     finally:
         recorder.record_applied("django_outbox", latest)
+
+
+# Staged jobs commit with the write they belong to, on its database --------------------
+
+
+def test_a_job_staged_on_another_database_commits_there_and_runs_once():
+    """The broker's queue is on ``default``: the job is handed over after the commit on
+    ``other`` and its row kept there until the job ran (at least once, run once)."""
+    sent: list[transport.Job] = []
+    with mock.patch.object(transport, "_send", sent.extend):
+        with transaction.atomic(using="other"):
+            staged = stage_task("tests.testapp.jobs.record", "other-db", using="other")
+            assert StagedJob.objects.using("other").filter(id=staged).exists()
+            assert not StagedJob.objects.using("default").exists()
+        with pytest.raises(RuntimeError), transaction.atomic(using="other"):
+            stage_task("tests.testapp.jobs.record", "rolled-back", using="other")
+            raise RuntimeError("the write fails")
+    [job] = sent
+    assert StagedJob.objects.using("other").filter(id=staged).exists()  # kept till it ran
+    job.run()
+    job.run()  # delivered twice (a broker that can redeliver)
+    assert list(JobEffect.objects.values_list("label", flat=True)) == ["other-db"]
+    assert not StagedJob.objects.using("other").exists()
+
+
+@override_settings(DJANGO_OUTBOX={**two_streams(), "STAGING": {"ALLOWED_MODULES": ["tests"]}})
+def test_the_drainer_forwards_staged_jobs_of_every_stream_database():
+    assert staging_databases() == ["default", "other"]
+    with transaction.atomic(using="other"):
+        stage_task("tests.testapp.jobs.record", "later", run_after=timedelta(0), using="other")
+    runner = InlineRunner()
+    with runner.capturing():
+        report = drain_until_empty()
+    assert report.forwarded == 1 and report.empty
+    runner.drain()
+    assert list(JobEffect.objects.values_list("label", flat=True)) == ["later"]
+    assert not StagedJob.objects.using("other").exists()
