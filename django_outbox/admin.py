@@ -467,7 +467,7 @@ class ArchivedEventAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
 
 
 @admin.register(StagedJob)
-class StagedJobAdmin(ReadOnlyAdmin):
+class StagedJobAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
     list_display = (
         "id",
         "func",

@@ -23,6 +23,7 @@ from django_outbox.models import (
 from django_outbox.models.unique import STAGES, all_kinds
 from django_outbox.ordering import held_keys
 from django_outbox.runs import effective_batch_size
+from django_outbox.staging import staging_databases
 
 #: Counts stop here, so a status query never scans a huge table.
 COUNT_CAP = 1_000_000
@@ -113,11 +114,14 @@ def all_statuses(streams: list[str] | None = None) -> list[StreamStatus]:
 def staged_counts(cap: int = COUNT_CAP) -> dict[str, int]:
     """Staged jobs waiting for the drainer, forwarded and not yet run (a broker that can
     lose jobs: Redis), and kept with an error; each count bounded."""
-    pending = StagedJob.objects.filter(last_error="")
-    waiting = pending.filter(forwarded_at__isnull=True).values("id")[:cap].count()
-    forwarded = pending.filter(forwarded_at__isnull=False).values("id")[:cap].count()
-    kept = StagedJob.objects.exclude(last_error="").values("id")[:cap].count()
-    return {"waiting": waiting, "forwarded": forwarded, "kept": kept}
+    counts = {"waiting": 0, "forwarded": 0, "kept": 0}
+    for alias in staging_databases():  # each count bounded per database
+        jobs = StagedJob.objects.using(alias)
+        pending = jobs.filter(last_error="")
+        counts["waiting"] += pending.filter(forwarded_at__isnull=True).values("id")[:cap].count()
+        counts["forwarded"] += pending.filter(forwarded_at__isnull=False).values("id")[:cap].count()
+        counts["kept"] += jobs.exclude(last_error="").values("id")[:cap].count()
+    return counts
 
 
 def unique_job_counts(cap: int = COUNT_CAP) -> Iterator[tuple[str, str, int]]:
