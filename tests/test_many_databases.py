@@ -30,6 +30,7 @@ from django_outbox.runs import set_paused
 from django_outbox.staging import drain_until_empty, stage_task, staging_databases
 from django_outbox.status import all_statuses
 from tests.conftest import InlineRunner, unwoken
+from tests.docs_examples import many_databases
 from tests.testapp.models import Attachment, HandledCall, JobEffect
 
 BOTH = ["default", "other"]
@@ -254,3 +255,24 @@ def test_the_drainer_forwards_staged_jobs_of_every_stream_database():
     runner.drain()
     assert list(JobEffect.objects.values_list("label", flat=True)) == ["later"]
     assert not StagedJob.objects.using("other").exists()
+
+
+def test_the_guides_sharded_application_delivers_each_shards_orders_from_its_shard():
+    """docs/how-to/many-databases.md, with the test databases as the shards."""
+    many_databases.SENT.clear()
+    shards = ["default", "other"]
+    with override_settings(
+        DATABASE_ROUTERS=["tests.docs_examples.many_databases.ShardRouter"],
+        DJANGO_OUTBOX={"STREAMS": many_databases.shard_streams(shards)},
+    ):
+        assert _messages() == []
+        assert _messages(databases=shards, tags=["database"]) == []
+        runner = InlineRunner()
+        with runner.capturing():
+            many_databases.place_order("default", {"order": 1})
+            many_databases.place_order("other", {"order": 2})
+        assert on("other", OutboxEvent, stream="orders-other") == 1
+        runner.drain()
+    assert many_databases.SENT == {"orders-default": [{"order": 1}], "orders-other": [{"order": 2}]}
+    assert on("other", ArchivedEvent, stream="orders-other") == 1
+    assert on("default", ArchivedEvent, stream="orders-other") == 0
