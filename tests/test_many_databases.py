@@ -12,8 +12,9 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from django.conf import settings
 from django.core.checks import run_checks
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
 from django.db.models.functions import Now
 from django.test import override_settings
@@ -25,12 +26,14 @@ from django_outbox.batch import Batch
 from django_outbox.checks import unapplied_migrations
 from django_outbox.conf import get_stream, stream_databases
 from django_outbox.distribute import distribute
+from django_outbox.inline import run_inline
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob, StreamState
 from django_outbox.runs import set_paused
 from django_outbox.staging import drain_until_empty, stage_task, staging_databases
 from django_outbox.status import all_statuses
 from tests.conftest import InlineRunner, unwoken
 from tests.docs_examples import many_databases
+from tests.test_metrics import samples
 from tests.testapp.models import Attachment, HandledCall, JobEffect
 
 BOTH = ["default", "other"]
@@ -52,10 +55,11 @@ def record_ids(batch: Batch) -> None:
 def two_streams(**remote: Any) -> dict[str, Any]:
     """``audit`` on the default database, ``remote`` on ``other``."""
     return {
+        "STAGING": settings.DJANGO_OUTBOX["STAGING"],
         "STREAMS": {
             "audit": {"HANDLER": HANDLER, "BATCH_SIZE": 10},
             "remote": {"HANDLER": HANDLER, "BATCH_SIZE": 10, "DATABASE": "other", **remote},
-        }
+        },
     }
 
 
@@ -243,7 +247,7 @@ def test_a_job_staged_on_another_database_commits_there_and_runs_once():
     assert not StagedJob.objects.using("other").exists()
 
 
-@override_settings(DJANGO_OUTBOX={**two_streams(), "STAGING": {"ALLOWED_MODULES": ["tests"]}})
+@override_settings(DJANGO_OUTBOX=two_streams())
 def test_the_drainer_forwards_staged_jobs_of_every_stream_database():
     assert staging_databases() == ["default", "other"]
     with transaction.atomic(using="other"):
@@ -276,3 +280,49 @@ def test_the_guides_sharded_application_delivers_each_shards_orders_from_its_sha
     assert many_databases.SENT == {"orders-default": [{"order": 1}], "orders-other": [{"order": 2}]}
     assert on("other", ArchivedEvent, stream="orders-other") == 1
     assert on("default", ArchivedEvent, stream="orders-other") == 0
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_a_scrape_of_the_metrics_reads_every_stream_database(admin_client):
+    runner = InlineRunner()
+    with runner.capturing():
+        publish_many("remote", [{"n": n} for n in range(12)])
+    runner.drain()  # 12 archived on other
+    with unwoken():
+        publish_many("remote", [{"n": n} for n in range(3)])
+    with transaction.atomic(using="other"), mock.patch.object(transport, "_send"):
+        stage_task(
+            "tests.testapp.jobs.record", "waiting", run_after=timedelta(hours=1), using="other"
+        )
+    assert on("other", OutboxEvent) == 3 and on("other", StagedJob) == 1
+    assert on("default", OutboxEvent) == on("default", StagedJob) == 0
+    values = samples(admin_client.get("/outbox/metrics").content)
+    assert values[("django_outbox_backlog_rows", (("stream", "remote"),))] == 3
+    done = ("django_outbox_archived_last_hour_rows", (("outcome", "done"), ("stream", "remote")))
+    assert values[done] == 12
+    assert values[("django_outbox_staged_jobs", (("state", "waiting"),))] == 1
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_outbox_run_drains_streams_of_both_databases(handler_mode):
+    with unwoken():
+        publish_many("remote", [{"n": n} for n in range(15)])
+        publish_many("audit", [{"n": n} for n in range(5)])
+    report = run_inline(until_empty=True, max_wait_seconds=10)
+    assert report.stopped_because == "empty"
+    assert on("other", ArchivedEvent, stream="remote", outcome="done") == 15
+    assert on("default", ArchivedEvent, stream="audit", outcome="done") == 5
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_a_stream_database_that_does_not_answer_is_w006():
+    with mock.patch(
+        "django_outbox.checks.unapplied_migrations", side_effect=OperationalError("refused\n")
+    ):
+        messages = _messages(databases=["other"], tags=["database"])
+    assert messages == [
+        (
+            "django_outbox.W006",
+            "Could not read the migrations of database 'other' (streams remote): refused",
+        )
+    ]
