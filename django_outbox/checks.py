@@ -117,7 +117,11 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
         errors.extend(_check_callable_path(where, "ON_EXHAUSTED", options["ON_EXHAUSTED"]))
     errors.extend(
         _check_model(
-            name, where, options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]), models_seen
+            name,
+            where,
+            options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]),
+            models_seen,
+            options.get("DATABASE"),
         )
     )
     if options.get("ORDER_KEY") is not None:
@@ -282,7 +286,7 @@ def _check_callable_path(where: str, option: str, path: Any) -> list[CheckMessag
 
 
 def _check_model(
-    name: Any, where: str, label: Any, models_seen: dict[str, str]
+    name: Any, where: str, label: Any, models_seen: dict[str, str], database: Any = None
 ) -> list[CheckMessage]:
 
     try:
@@ -305,13 +309,16 @@ def _check_model(
             )
         ]
     if model is not OutboxEvent:
-        other = models_seen.setdefault(model._meta.label, str(name))
+        # One stream per model on each database: streams with distinct DATABASEs may share
+        # a model (a table of the same shape on each shard of a sharded application).
+        other = models_seen.setdefault(f"{model._meta.label} {database!r}", str(name))
         if other != name:
             return [
                 Error(
                     f"{model._meta.label} is bound to two streams: {other!r} and {name!r}.",
-                    hint="A custom buffer model belongs to one stream; give the other stream "
-                    "its own model or use the generic django_outbox.OutboxEvent.",
+                    hint="A custom buffer model belongs to one stream on each database; give "
+                    "the other stream its own model or DATABASE, or use the generic "
+                    "django_outbox.OutboxEvent.",
                     id="django_outbox.E022",
                 )
             ]

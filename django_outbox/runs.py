@@ -479,21 +479,24 @@ def start_backlog_runs(stream: str, backlog: int, batch_size: int) -> int:
 # -- wake on every ORM write of buffer rows ------------------------------------------
 
 
-def _streams_of(model: type[Any], rows: Any) -> set[str]:
+def _streams_of(model: type[Any], rows: Any, using: str) -> set[str]:
     if model is OutboxEvent:
         configured = outbox_settings().streams
         return {row.stream for row in rows if row.stream in configured}
-    return set(outbox_settings().streams_by_model.get(model._meta.label_lower, ()))
+    streams = outbox_settings().streams_by_model.get(model._meta.label_lower, ())
+    if len(streams) > 1:  # one stream of the model on each database: the one written to
+        return {name for name in streams if get_stream(name).alias == using}
+    return set(streams)
 
 
 def _wake_on_save(
     sender: type[Any], instance: Any, created: bool, using: str, **kwargs: Any
 ) -> None:
     if created and isinstance(instance, BufferEvent):
-        for stream in _streams_of(sender, [instance]):
+        for stream in _streams_of(sender, [instance], using):
             wake(stream, using=using)
 
 
 def _wake_on_bulk_create(sender: type[Any], objs: list[Any], using: str, **kwargs: Any) -> None:
-    for stream in _streams_of(sender, objs):
+    for stream in _streams_of(sender, objs, using):
         wake(stream, using=using)

@@ -301,10 +301,24 @@ def test_custom_model_bound_to_two_streams_is_e022():
                 "django_outbox.E022",
                 "marketing.ContactActivityEvent is bound to two streams: 'marketing' and "
                 "'marketing-copy'.",
-                "A custom buffer model belongs to one stream; give the other stream its own "
-                "model or use the generic django_outbox.OutboxEvent.",
+                "A custom buffer model belongs to one stream on each database; give the other "
+                "stream its own model or DATABASE, or use the generic "
+                "django_outbox.OutboxEvent.",
             )
         ]
+
+
+def test_streams_on_distinct_databases_may_share_a_custom_model():
+    streams = {
+        "marketing": {"HANDLER": HANDLER, "MODEL": "marketing.ContactActivityEvent"},
+        "marketing-eu": {
+            "HANDLER": HANDLER,
+            "MODEL": "marketing.ContactActivityEvent",
+            "DATABASE": "other",
+        },
+    }
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        assert outbox_messages() == []
 
 
 ORDER_KEY_HINT = (

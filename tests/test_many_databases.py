@@ -326,3 +326,31 @@ def test_a_stream_database_that_does_not_answer_is_w006():
             "Could not read the migrations of database 'other' (streams remote): refused",
         )
     ]
+
+
+@override_settings(
+    DJANGO_OUTBOX={
+        "STREAMS": {
+            "files": {"HANDLER": f"{__name__}.record_ids", "MODEL": "testapp.Attachment"},
+            "files-other": {
+                "HANDLER": f"{__name__}.record_ids",
+                "MODEL": "testapp.Attachment",
+                "DATABASE": "other",
+            },
+        }
+    }
+)
+def test_streams_on_two_databases_share_a_buffer_model_each_with_its_own_rows():
+    runner = InlineRunner()
+    with runner.capturing():
+        here = Attachment.objects.create(title="here", content=b"x")
+        there = Attachment.objects.using("other").bulk_create(
+            [Attachment(title=f"there {n}", content=b"x") for n in range(3)]
+        )
+    assert sorted(job.args[0] for job in runner.jobs) == ["files", "files-other"]
+    runner.drain()
+    assert handled_ids("files") == [here.id]
+    assert handled_ids("files-other") == sorted(row.id for row in there)
+    assert on("other", ArchivedEvent, stream="files-other") == 3
+    assert on("default", ArchivedEvent, stream="files") == 1
+    assert on("default", Attachment) == on("other", Attachment) == 0

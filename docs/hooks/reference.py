@@ -311,7 +311,7 @@ CHECK_DOCS: dict[str, str] = {
     "E014": "`ON_EXHAUSTED` is not a callable's dotted path",
     "E020": "`MODEL` is not an installed model",
     "E021": "`MODEL` is not a `BufferEvent` subclass",
-    "E022": "a custom buffer model is bound to two streams",
+    "E022": "a custom buffer model is bound to two streams on one database",
     "E023": "`ORDER_KEY` is not a field of the stream's own buffer model",
     "E024": '`ORDER_AFTER_DEAD_LETTER` is not `"hold"` or `"continue"`',
     "E025": "`DATABASE` does not name a database of `settings.DATABASES`",
