@@ -42,7 +42,7 @@ from django_outbox.models import (
 from django_outbox.models.buffer import buffer_models
 from django_outbox.models.unique import STAGES, all_kinds, stage_of
 from django_outbox.replay import replay_failed
-from django_outbox.routing import on_database
+from django_outbox.routing import current_alias, on_database
 from django_outbox.runs import set_paused
 from django_outbox.staging import requeue
 from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
@@ -127,6 +127,11 @@ class StreamDatabaseAdmin(admin.ModelAdmin):
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         return (*super().get_list_filter(request), DatabaseFilter)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        alias = current_alias()  # the chosen database (buffer models follow the router)
+        return queryset.using(alias) if alias is not None else queryset
 
 
 def recent_values_filter(field: str, label: str) -> type[admin.SimpleListFilter]:

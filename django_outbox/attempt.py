@@ -341,7 +341,7 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
             raise table.lost(batch.group_id, batch.attempt)
     elif not locked:
         _lock_fenced(batch)
-    ops = buffer_ops(batch.model)
+    ops = buffer_ops(batch.model, alias=batch.config.alias)
     done = ops.archive_group(
         batch.group_id,
         Move(
@@ -363,7 +363,8 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
         )
     if not failed:
         return ProcessOutcome.DONE
-    remaining = batch.model._default_manager.filter(group_id=batch.group_id).count()
+    buffer = batch.model._default_manager.using(batch.config.alias)
+    remaining = buffer.filter(group_id=batch.group_id).count()
     if remaining == 0:
         # The failed rows were deleted meanwhile (by the handler, say): nothing to retry.
         OutboxGroup.objects.filter(id=batch.group_id).delete()
@@ -495,7 +496,7 @@ def exhaust_group(
         with transaction.atomic(using=alias):
             _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
             ordering.hold_keys(config, group_id, clip(error))
-            rows = buffer_ops(config.model_class).archive_group(
+            rows = buffer_ops(config.model_class, alias=config.alias).archive_group(
                 group_id,
                 Move(config.name, Outcome.FAILED, attempt, clip(error), row_errors=row_errors),
             )

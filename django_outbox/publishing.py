@@ -79,9 +79,9 @@ def publish(stream: str, payload: Any) -> int:
     NaN, infinity, NUL characters, nesting deeper than 100 levels) raises
     :class:`~django_outbox.exceptions.PayloadError` at the call, and nothing is written.
     """
-    _check(stream)
+    config = _check(stream)
     payload_json = _dumps(stream, payload)
-    ops = buffer_ops(OutboxEvent)
+    ops = buffer_ops(OutboxEvent, alias=config.alias)
     started = time.monotonic()
     event_id, guarded = ops.insert_event_guarded(stream, payload_json, current_traceparent())
     wake(stream, using=ops.connection.alias, guarded_since=started if guarded else None)
@@ -95,14 +95,14 @@ def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000
     Payloads are checked as :func:`publish` checks them, all before anything is written.
     The commit wakes the stream's run loop, as ``bulk_create()`` of any buffer does.
     """
-    _check(stream)
+    config = _check(stream)
     events = []
     for payload in payloads:
         _dumps(stream, payload)
         # None alone would be written as SQL NULL; publish() stores it as JSON null too.
         value = _JSON_NULL if payload is None else payload
         events.append(OutboxEvent(stream=stream, payload=value))
-    OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
+    OutboxEvent.objects.using(config.alias).bulk_create(events, batch_size=batch_size)
     return len(events)
 
 

@@ -12,7 +12,6 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from django_outbox.conf import get_stream, stream_database
-from django_outbox.db import connection_for
 from django_outbox.models import ArchivedEvent, Outcome
 from django_outbox.signals import rows_replayed, send_on_commit
 
@@ -64,7 +63,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
         model = config.model_class
         fields = [f for f in model._meta.concrete_fields if f.column not in _FRESH_COLUMNS]
         while True:
-            with stream_database(config), transaction.atomic(using=connection_for(model).alias):
+            with stream_database(config), transaction.atomic(using=config.alias):
                 batch = list(
                     rows.filter(stream=name)
                     .select_for_update(skip_locked=True)
@@ -73,7 +72,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
                 )
                 if not batch:
                     break
-                model._default_manager.bulk_create(
+                model._default_manager.db_manager(config.alias).bulk_create(
                     model(**{f.attname: _value(f, data.get(f.column)) for f in fields})
                     for _, data in batch
                 )

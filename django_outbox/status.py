@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count
 
 from django_outbox.conf import get_stream, on_stream_database, outbox_settings
-from django_outbox.db import connection_for, database_now, stream_buffer
+from django_outbox.db import database_now, stream_buffer
 from django_outbox.db.runs import runs_in_flight
 from django_outbox.models import (
     ArchivedEvent,
@@ -66,10 +66,10 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
     config = get_stream(stream)
     model = config.model_class
     state = StreamState.objects.filter(stream=stream).first()
-    now = database_now(connection_for(model).alias)
+    now = database_now(config.alias)
     buffer = stream_buffer(config)
     backlog = buffer.count_unclaimed(cap)
-    unclaimed = model._default_manager.filter(group_id__isnull=True)
+    unclaimed = model._default_manager.using(config.alias).filter(group_id__isnull=True)
     if buffer.stream is not None:
         unclaimed = unclaimed.filter(stream=stream)
     oldest = unclaimed.order_by("id").values_list("created_at", flat=True).first()

@@ -24,7 +24,7 @@ from django.utils.timezone import now
 from django_outbox import publish, publish_many, transport
 from django_outbox.batch import Batch
 from django_outbox.checks import unapplied_migrations
-from django_outbox.conf import get_stream, stream_databases
+from django_outbox.conf import get_stream, stream_database, stream_databases
 from django_outbox.distribute import distribute
 from django_outbox.inline import run_inline
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob, StreamState
@@ -354,3 +354,15 @@ def test_streams_on_two_databases_share_a_buffer_model_each_with_its_own_rows():
     assert on("other", ArchivedEvent, stream="files-other") == 3
     assert on("default", ArchivedEvent, stream="files") == 1
     assert on("default", Attachment) == on("other", Attachment) == 0
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_inside_a_streams_work_only_its_own_tables_move_to_its_database():
+    """A handler of ``remote`` (on ``other``) that writes rows of another buffer writes
+    them where the router sends that model, and publishes to each stream's database."""
+    with stream_database("remote"):
+        Attachment.objects.create(title="routed", content=b"x")
+        publish("audit", {"from": "remote's handler"})
+        assert StreamState.objects.all().db == "other"
+    assert on("default", Attachment) == 1 and on("other", Attachment) == 0
+    assert on("default", OutboxEvent, stream="audit") == 1

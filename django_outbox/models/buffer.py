@@ -18,7 +18,6 @@ from django.db.models.signals import class_prepared
 from django.dispatch import Signal, receiver
 
 from django_outbox.conf import outbox_settings
-from django_outbox.routing import StreamScopedManager
 from django_outbox.tracing import current_traceparent
 
 UNCLAIMED_INDEX = "outbox_unclaimed"
@@ -40,8 +39,7 @@ class BufferQuerySet(models.QuerySet):
         return created
 
 
-#: On the database of the stream being worked on (:mod:`django_outbox.routing`).
-BufferManager = StreamScopedManager.from_queryset(BufferQuerySet)
+BufferManager = models.Manager.from_queryset(BufferQuerySet)
 
 
 class BufferEvent(models.Model):
