@@ -37,7 +37,7 @@ from django_outbox.options import (
     OptionTable,
     choice,
 )
-from django_outbox.routing import current_alias, on_database
+from django_outbox.routing import enter_database, leave_database, on_database
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -233,12 +233,13 @@ class StreamConfig:
 
         return apps.get_model(self.model)
 
-    @property
+    @functools.cached_property
     def alias(self) -> str:
         """The database the stream lives on: its rows, groups, state and archive.
 
         Its ``DATABASE`` option, else the database the router picks for writes of its
-        buffer model.
+        buffer model (read once per configuration: the settings cache is dropped when
+        ``DATABASE_ROUTERS`` changes too).
         """
         return self.database or router.db_for_write(self.model_class)
 
@@ -417,17 +418,17 @@ def on_stream_database(func: F) -> F:
     @functools.wraps(func)
     def wrapper(stream: Any, *args: Any, **kwargs: Any) -> Any:
         config = stream if isinstance(stream, StreamConfig) else get_stream(stream)
-        alias = config.alias
-        if current_alias() == alias:
+        token = enter_database(config.alias)
+        try:
             return func(stream, *args, **kwargs)
-        with on_database(alias):
-            return func(stream, *args, **kwargs)
+        finally:
+            leave_database(token)
 
     return wrapper  # type: ignore[return-value]
 
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting in (SETTING_NAME, "Q_CLUSTER"):
+    if setting in (SETTING_NAME, "Q_CLUSTER", "DATABASES", "DATABASE_ROUTERS"):
         outbox_settings.cache_clear()
         _import_handler.cache_clear()
