@@ -5,8 +5,11 @@ picks for its buffer model), and its groups, state row, archive and held keys li
 there beside its rows. Work on a stream runs inside :func:`on_database` with that
 alias (:func:`django_outbox.conf.on_stream_database` enters it from a stream's name),
 and the library's stream tables follow it: their managers
-(:class:`StreamScopedManager`) and :func:`django_outbox.db.connection_for` use the
-alias in force. Outside any stream's work they follow the router, as every model does.
+(:class:`StreamScopedManager`) and :func:`connection_for` use the alias in force.
+Staged jobs follow it too (a job staged in a handler commits with the handler's
+transaction). Buffer models do not: the engine names the stream's database where it
+reads or writes buffer rows, so a handler's writes to another buffer go where the
+router sends them. Outside any stream's work every model follows the router.
 """
 
 from __future__ import annotations

@@ -22,12 +22,15 @@ from django.urls import reverse
 from django.utils.timezone import now
 
 from django_outbox import publish, publish_many, transport
+from django_outbox.admin import throughput
 from django_outbox.batch import Batch
 from django_outbox.checks import unapplied_migrations
 from django_outbox.conf import get_stream, stream_database, stream_databases
 from django_outbox.distribute import distribute
 from django_outbox.inline import run_inline
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob, StreamState
+from django_outbox.prune import prune_all
+from django_outbox.replay import dead_letters, replay_failed
 from django_outbox.runs import set_paused
 from django_outbox.staging import drain_until_empty, stage_task, staging_databases
 from django_outbox.status import all_statuses
@@ -366,3 +369,42 @@ def test_inside_a_streams_work_only_its_own_tables_move_to_its_database():
         assert StreamState.objects.all().db == "other"
     assert on("default", Attachment) == 1 and on("other", Attachment) == 0
     assert on("default", OutboxEvent, stream="audit") == 1
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_dead_letters_are_replayed_and_pruned_on_their_streams_database(handler_mode):
+    handler_mode("permanent")
+    runner = InlineRunner()
+    with runner.capturing():
+        publish_many("remote", [{"n": n} for n in range(4)])
+    runner.drain()
+    assert on("other", ArchivedEvent, stream="remote", outcome="failed") == 4
+
+    handler_mode("ok")
+    with runner.capturing():
+        assert replay_failed(dead_letters(stream="remote")) == {"remote": 4}
+    assert on("other", OutboxEvent, stream="remote") == 4
+    assert on("default", OutboxEvent) == 0
+    runner.drain()
+    assert on("other", ArchivedEvent, stream="remote", outcome="done") == 4
+
+    ArchivedEvent.objects.using("other").update(archived_at=now() - timedelta(days=400))
+    results = {result.target: result.rows for result in prune_all()}
+    assert results["archive remote done (older than 30 days)"] == 4
+    assert results["archive remote failed (older than 90 days)"] == 4
+    assert on("other", ArchivedEvent) == 0
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_the_dashboard_counts_each_stream_on_its_database(admin_client):
+    runner = InlineRunner()
+    with runner.capturing():
+        publish_many("remote", [{"n": n} for n in range(6)])
+    runner.drain()
+    page = admin_client.get(reverse("admin:django_outbox_dashboard"))
+    assert page.status_code == 200
+    [remote] = [s for s in page.context["streams"] if s["status"].stream == "remote"]
+    assert remote["done_last_hour"] == 6
+    assert (
+        sum(n for (_, outcome), n in throughput(now())["remote"].items() if outcome == "done") == 6
+    )
