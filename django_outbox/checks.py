@@ -456,7 +456,7 @@ def check_stream_databases(
 ) -> list[CheckMessage]:
     """Each stream's database has the library's tables: its migrations are all applied."""
     messages: list[CheckMessage] = []
-    for alias, streams in _stream_databases().items():
+    for alias, streams in stream_databases().items():
         if not databases or alias not in databases or alias not in settings.DATABASES:
             continue
         try:
@@ -484,19 +484,6 @@ def check_stream_databases(
                 )
             )
     return messages
-
-
-def _stream_databases() -> dict[str, list[str]]:
-    """The streams of each database, leaving out a stream whose settings do not resolve."""
-    try:
-        return stream_databases()
-    except (
-        LookupError,
-        ValueError,
-        TypeError,
-        AttributeError,
-    ):  # E020 &c. report the stream's MODEL
-        return {}
 
 
 def unapplied_migrations(connection: Any) -> list[str]:

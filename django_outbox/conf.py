@@ -392,10 +392,17 @@ def get_stream(name: str) -> StreamConfig:
 
 
 def stream_databases() -> dict[str, list[str]]:
-    """The configured streams by the database each lives on (aliases in settings order)."""
+    """The configured streams by the database each lives on (aliases in settings order).
+
+    A stream whose ``MODEL`` does not resolve is left out (checks E020 &c. report it).
+    """
     found: dict[str, list[str]] = {}
     for name, config in outbox_settings().streams.items():
-        found.setdefault(config.alias, []).append(name)
+        try:
+            alias = config.alias
+        except (LookupError, ValueError, TypeError, AttributeError):
+            continue
+        found.setdefault(alias, []).append(name)
     order = list(settings.DATABASES)
     return dict(sorted(found.items(), key=lambda item: _position(order, item[0])))
 
