@@ -195,6 +195,11 @@ def test_the_admin_lists_the_rows_of_the_chosen_database(admin_client):
         reverse("admin:django_outbox_streamstate_changelist"), {"database": "other"}
     )
     assert state.status_code == 200
+    with unwoken():
+        publish_many("remote", [{"n": n} for n in range(2)])
+    events = reverse("admin:django_outbox_outboxevent_changelist")
+    assert admin_client.get(events).context["cl"].result_count == 0
+    assert admin_client.get(events, {"database": "other"}).context["cl"].result_count == 2
 
 
 def _messages(**settings: Any) -> list[tuple[str, str]]:
