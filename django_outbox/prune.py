@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import models, transaction
+from django.db import models, router, transaction
 
 from django_outbox import partitions
 from django_outbox.conf import outbox_settings
@@ -76,11 +76,17 @@ def prune_targets(
             )
         )
     archived = streams if streams is not None else known or _archived_streams()
-    partitioned = partitions.archive_partitioning()
+    by_database = _by_database(archived)
+    partitioning = {}
+    for alias in by_database:  # each stream database's archive, partitioned or not
+        with on_database(alias):
+            partitioning[alias] = partitions.archive_partitioning()
     for stream in archived:
+        alias = _stream_alias(stream)
+        partitioned, neighbours = partitioning[alias], by_database[alias]
         for outcome in (Outcome.DONE, Outcome.FAILED):
             days = config.retention_days(stream, outcome)
-            longest = max((config.retention_days(s, outcome) for s in archived), default=days)
+            longest = max((config.retention_days(s, outcome) for s in neighbours), default=days)
             before = None
             if partitioned is not None and days >= longest and streams is None:
                 # Retired with whole partitions; only the legacy partition holds rows
@@ -111,10 +117,18 @@ def prune_targets(
     return targets
 
 
-def _stream_alias(stream: str) -> str | None:
-    """The database of a configured stream; None for one only the archive remembers."""
+def _stream_alias(stream: str) -> str:
+    """The database of a stream's archive: a configured stream's own; the router's for
+    one only the archive remembers."""
     config = outbox_settings().streams.get(stream)
-    return config.alias if config is not None else None
+    return config.alias if config is not None else router.db_for_write(ArchivedEvent)
+
+
+def _by_database(streams: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for stream in streams:
+        found.setdefault(_stream_alias(stream), []).append(stream)
+    return found
 
 
 def _archive_due(
@@ -171,7 +185,9 @@ def prune_all(
     known = None
     if streams is None:
         known = _archived_streams()
-        results.extend(_retire_partitions(known, dry_run))
+        for alias, names in _by_database(known).items():
+            with on_database(alias):
+                results.extend(_retire_partitions(names, dry_run))
     for target in prune_targets(streams, known):
         started = time.perf_counter()
         with on_database(target.alias):

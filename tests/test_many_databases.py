@@ -28,7 +28,14 @@ from django_outbox.checks import unapplied_migrations
 from django_outbox.conf import get_stream, stream_database, stream_databases
 from django_outbox.distribute import distribute
 from django_outbox.inline import run_inline
-from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob, StreamState
+from django_outbox.models import (
+    ArchivedEvent,
+    OutboxEvent,
+    OutboxGroup,
+    Outcome,
+    StagedJob,
+    StreamState,
+)
 from django_outbox.prune import prune_all
 from django_outbox.replay import dead_letters, replay_failed
 from django_outbox.runs import set_paused
@@ -37,6 +44,7 @@ from django_outbox.status import all_statuses
 from tests.conftest import InlineRunner, unwoken
 from tests.docs_examples import many_databases
 from tests.test_metrics import samples
+from tests.test_partitions import ago, archived, backfill, partitioned  # noqa: F401
 from tests.testapp.models import Attachment, HandledCall, JobEffect
 
 BOTH = ["default", "other"]
@@ -413,3 +421,29 @@ def test_the_dashboard_counts_each_stream_on_its_database(admin_client):
     assert (
         sum(n for (_, outcome), n in throughput(now())["remote"].items() if outcome == "done") == 6
     )
+
+
+@pytest.mark.postgres
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_a_partitioned_archive_on_one_database_leaves_the_others_pruned_row_by_row(
+    partitioned,  # noqa: F811 (the fixture of tests/test_partitions.py)
+):
+    partitioned()  # the default database's archive, by day
+    backfill(100)
+    archived("audit", Outcome.DONE, ago(45), n=2)
+    ArchivedEvent.objects.using("other").bulk_create(
+        ArchivedEvent(
+            stream="remote",
+            event_id=i,
+            data={},
+            created_at=ago(45),
+            archived_at=ago(45),
+            outcome=Outcome.DONE,
+        )
+        for i in range(3)
+    )
+    results = {result.target: result.rows for result in prune_all()}
+    assert results["archive remote done (older than 30 days)"] == 3
+    assert "archive audit done (older than 30 days)" not in results  # whole partitions
+    assert on("other", ArchivedEvent) == 0
+    assert on("default", ArchivedEvent) == 0
