@@ -7,11 +7,11 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from django.db import models, transaction
+from django.db import models, router, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from django_outbox.conf import get_stream, stream_database
+from django_outbox.conf import get_stream, stream_database, stream_databases
 from django_outbox.models import ArchivedEvent, Outcome
 from django_outbox.signals import rows_replayed, send_on_commit
 
@@ -42,6 +42,15 @@ def dead_letters(
     if group_id is not None:
         rows = rows.filter(group_id=group_id)
     return rows
+
+
+def archive_databases(stream: str | None = None) -> list[str]:
+    """The databases whose archive holds *stream*'s dead letters (its own), or every
+    stream's: the router's for ``ArchivedEvent`` and each database that holds streams."""
+    if stream is not None:
+        return [get_stream(stream).alias]
+    aliases = [router.db_for_write(ArchivedEvent), *stream_databases()]
+    return [alias for index, alias in enumerate(aliases) if alias not in aliases[:index]]
 
 
 def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counter:

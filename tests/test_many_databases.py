@@ -7,6 +7,7 @@ database (``other``, see tests/settings.py) is created only for the tests here.
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 from typing import Any
 from unittest import mock
@@ -14,6 +15,7 @@ from unittest import mock
 import pytest
 from django.conf import settings
 from django.core.checks import run_checks
+from django.core.management import call_command
 from django.db import OperationalError, connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
 from django.db.models.functions import Now
@@ -447,3 +449,23 @@ def test_a_partitioned_archive_on_one_database_leaves_the_others_pruned_row_by_r
     assert "archive audit done (older than 30 days)" not in results  # whole partitions
     assert on("other", ArchivedEvent) == 0
     assert on("default", ArchivedEvent) == 0
+
+
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_outbox_replay_replays_the_dead_letters_of_every_stream_database(handler_mode):
+    handler_mode("permanent")
+    runner = InlineRunner()
+    with runner.capturing():
+        publish_many("remote", [{"n": n} for n in range(3)])
+        publish_many("audit", [{"n": n} for n in range(2)])
+    runner.drain()
+    out = io.StringIO()
+    call_command("outbox_replay", "--dry-run", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "Would replay 2 row(s) of stream audit.",
+        "Would replay 3 row(s) of stream remote.",
+    ]
+    with runner.capturing():
+        call_command("outbox_replay", stdout=io.StringIO())
+    assert on("other", OutboxEvent, stream="remote") == 3
+    assert on("default", OutboxEvent, stream="audit") == 2
