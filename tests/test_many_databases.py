@@ -32,6 +32,7 @@ from django_outbox.distribute import distribute
 from django_outbox.inline import run_inline
 from django_outbox.models import (
     ArchivedEvent,
+    HeldKey,
     OutboxEvent,
     OutboxGroup,
     Outcome,
@@ -43,11 +44,12 @@ from django_outbox.replay import dead_letters, replay_failed
 from django_outbox.runs import set_paused
 from django_outbox.staging import drain_until_empty, stage_task, staging_databases
 from django_outbox.status import all_statuses
+from django_outbox.steer import release_keys
 from tests.conftest import InlineRunner, unwoken
 from tests.docs_examples import many_databases
 from tests.test_metrics import samples
 from tests.test_partitions import ago, archived, backfill, partitioned  # noqa: F401
-from tests.testapp.models import Attachment, HandledCall, JobEffect
+from tests.testapp.models import Attachment, HandledCall, JobEffect, OrderedEvent
 
 BOTH = ["default", "other"]
 pytestmark = pytest.mark.django_db(transaction=True, databases=BOTH)
@@ -469,3 +471,40 @@ def test_outbox_replay_replays_the_dead_letters_of_every_stream_database(handler
         call_command("outbox_replay", stdout=io.StringIO())
     assert on("other", OutboxEvent, stream="remote") == 3
     assert on("default", OutboxEvent, stream="audit") == 2
+
+
+@override_settings(
+    DJANGO_OUTBOX={
+        "STREAMS": {
+            "ordered": {
+                **settings.ORDERED_STREAM,
+                "MAX_ATTEMPTS": 1,
+                "ISOLATE_FAILURES": False,
+                "DATABASE": "other",
+            }
+        }
+    }
+)
+def test_an_ordered_stream_holds_and_releases_its_keys_on_its_database(handler_mode):
+    def add(key: str) -> int:
+        [row] = OrderedEvent.objects.using("other").bulk_create([OrderedEvent(aggregate_id=key)])
+        return row.id
+
+    runner = InlineRunner()
+    handler_mode("fail-key:a")
+    with runner.capturing():
+        a1 = add("a")
+    runner.drain()  # a1 dead-lettered: key a is held, on other
+    assert list(HeldKey.objects.using("other").values_list("key", flat=True)) == ["a"]
+    assert not HeldKey.objects.using("default").exists()
+    handler_mode("ok")
+    with runner.capturing():
+        a2, b1 = add("a"), add("b")
+    runner.drain()
+    assert handled_ids("ordered")[-1:] == [b1]  # a2 waits behind the dead letter
+    assert on("other", OrderedEvent) == 1
+    with runner.capturing():
+        assert release_keys("ordered", ["a"]) == 1
+    runner.drain()
+    assert a2 in handled_ids("ordered") and on("other", OrderedEvent) == 0
+    assert on("other", ArchivedEvent, event_id=a1, outcome="failed") == 1
