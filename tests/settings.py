@@ -107,16 +107,18 @@ else:
 # A second database for the tests of streams on many databases
 # (tests/test_many_databases.py): pytest-django creates it only for a run that collects
 # a test declaring it (``databases={"default", "other"}``). Its name is the default's
-# with "2" appended, so a child process given the test database's URL finds the test
-# copy of this one too (test_outbox + 2 == test_ + outbox2).
+# with "2" appended; a child process is given the test copy's name
+# (``OUTBOX_TEST_OTHER_NAME``, tests/procs.py).
 OTHER_DATABASE = "other"
 if _url:
     DATABASES[OTHER_DATABASE] = {
         **copy.deepcopy(DATABASES["default"]),
-        "NAME": DATABASES["default"]["NAME"] + "2",
+        "NAME": os.environ.get("OUTBOX_TEST_OTHER_NAME") or DATABASES["default"]["NAME"] + "2",
     }
 else:
-    _other_name = _name.removesuffix(".sqlite3") + "2.sqlite3"
+    _other_name = os.environ.get("OUTBOX_TEST_OTHER_NAME") or (
+        _name.removesuffix(".sqlite3") + "2.sqlite3"
+    )
     DATABASES[OTHER_DATABASE] = {
         **copy.deepcopy(DATABASES["default"]),
         "NAME": _other_name,
