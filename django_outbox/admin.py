@@ -18,7 +18,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import TruncMinute
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.functional import cached_property
@@ -26,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from django_outbox import steer
-from django_outbox.conf import outbox_settings
+from django_outbox.conf import get_stream, outbox_settings, stream_databases
 from django_outbox.db import connection_for, database_now
 from django_outbox.lease import last_line
 from django_outbox.models import (
@@ -42,6 +42,7 @@ from django_outbox.models import (
 from django_outbox.models.buffer import buffer_models
 from django_outbox.models.unique import STAGES, all_kinds, stage_of
 from django_outbox.replay import replay_failed
+from django_outbox.routing import current_alias, on_database
 from django_outbox.runs import set_paused
 from django_outbox.staging import requeue
 from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
@@ -72,6 +73,65 @@ class StreamFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         return queryset.filter(stream=self.value()) if self.value() else queryset
+
+
+#: The changelist parameter that picks the database of the streams shown.
+DATABASE_PARAM = "database"
+
+
+class DatabaseFilter(admin.SimpleListFilter):
+    """Pick the database whose stream rows are listed (where streams live on several).
+
+    The page itself runs on the chosen database (:class:`StreamDatabaseAdmin`); without
+    a choice the rows come from where the router sends the model.
+    """
+
+    title = "database"
+    parameter_name = DATABASE_PARAM
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        aliases = list(stream_databases())
+        return [(alias, alias) for alias in aliases] if len(aliases) > 1 else []
+
+    def has_output(self) -> bool:
+        return len(self.lookup_choices) > 1
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset  # the page runs on the chosen database already
+
+
+def chosen_database(request: HttpRequest) -> str | None:
+    """The stream database a page shows: its ``database`` parameter (kept across the
+    changelist's links to a row), when it names a database that holds streams."""
+    alias = request.GET.get(DATABASE_PARAM)
+    if alias is None:
+        alias = QueryDict(request.GET.get("_changelist_filters", "")).get(DATABASE_PARAM)
+    return alias if alias in stream_databases() else None
+
+
+class StreamDatabaseAdmin(admin.ModelAdmin):
+    """An admin of rows that live on their stream's database: each page runs on the
+    database the ``database`` filter chose (:mod:`django_outbox.routing`)."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        with on_database(chosen_database(request)):
+            return super().changelist_view(request, extra_context)
+
+    def changeform_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with on_database(chosen_database(request)):
+            return super().changeform_view(request, *args, **kwargs)
+
+    def history_view(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with on_database(chosen_database(request)):
+            return super().history_view(request, *args, **kwargs)
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        return (*super().get_list_filter(request), DatabaseFilter)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        alias = current_alias()  # the chosen database (buffer models follow the router)
+        return queryset.using(alias) if alias is not None else queryset
 
 
 def recent_values_filter(field: str, label: str) -> type[admin.SimpleListFilter]:
@@ -159,7 +219,7 @@ def _has(codename: str) -> Callable[[admin.ModelAdmin, HttpRequest], bool]:
 # -- buffers ---------------------------------------------------------------------------
 
 
-class BufferEventAdmin(ReadOnlyAdmin):
+class BufferEventAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
     """Any buffer model: its rows, unclaimed or in a group."""
 
     list_display: tuple[str, ...] = ("id", "created_at", "group_id")
@@ -250,7 +310,7 @@ class IsolatingFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboxGroup)
-class OutboxGroupAdmin(ReadOnlyAdmin):
+class OutboxGroupAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
     list_display = (
         "id",
         "stream",
@@ -337,7 +397,7 @@ class OutboxGroupAdmin(ReadOnlyAdmin):
 
 
 @admin.register(HeldKey)
-class HeldKeyAdmin(ReadOnlyAdmin):
+class HeldKeyAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
     """Keys of ordered streams held back by a dead letter; releasing one lets its later
     rows go on (replay the dead letter first if it must be delivered before them)."""
 
@@ -366,7 +426,7 @@ class HeldKeyAdmin(ReadOnlyAdmin):
 
 
 @admin.register(ArchivedEvent)
-class ArchivedEventAdmin(ReadOnlyAdmin):
+class ArchivedEventAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
     list_display = (
         "id",
         "stream",
@@ -412,7 +472,7 @@ class ArchivedEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(StagedJob)
-class StagedJobAdmin(ReadOnlyAdmin):
+class StagedJobAdmin(StreamDatabaseAdmin, ReadOnlyAdmin):
     list_display = (
         "id",
         "func",
@@ -465,7 +525,7 @@ class IdempotencyKeyAdmin(ReadOnlyAdmin):
 
 
 @admin.register(StreamState)
-class StreamStateAdmin(admin.ModelAdmin):
+class StreamStateAdmin(StreamDatabaseAdmin):
     """Runtime switches (operator-written): pause/resume, batch-size override."""
 
     list_display = (
@@ -522,10 +582,9 @@ class StreamStateAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         # Rows are written by ``migrate`` and the pipeline, never by a page view.
-        missing = sorted(
-            set(outbox_settings().streams)
-            - set(StreamState.objects.values_list("stream", flat=True))
-        )
+        with on_database(chosen_database(request)):
+            here = set(StreamState.objects.values_list("stream", flat=True))
+        missing = sorted(set(_streams_shown(request)) - here)
         if missing and request.method == "GET":
             self.message_user(
                 request,
@@ -566,6 +625,12 @@ class StreamStateAdmin(admin.ModelAdmin):
             **dashboard_context(request.user.has_perm("django_outbox.operate_streamstate")),
         }
         return TemplateResponse(request, "admin/django_outbox/dashboard.html", context)
+
+
+def _streams_shown(request: HttpRequest) -> list[str]:
+    """The streams whose rows a page lists: those of the chosen (or routed) database."""
+    alias = chosen_database(request) or connection_for(StreamState).alias
+    return stream_databases().get(alias, [])
 
 
 def dashboard_context(can_operate: bool) -> dict[str, Any]:
@@ -610,7 +675,7 @@ def throughput(now: Any, cap: int | None = None) -> dict[str, dict[tuple[int, st
     for stream in outbox_settings().streams:
         counts = result.setdefault(stream, {})
         for outcome in (Outcome.DONE, Outcome.FAILED):
-            rows = ArchivedEvent.objects.filter(
+            rows = ArchivedEvent.objects.using(get_stream(stream).alias).filter(
                 stream=stream, outcome=outcome, archived_at__gte=hour_ago
             )
             newest = rows.order_by("-archived_at").values_list("archived_at", flat=True)

@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 
 from django_outbox import budget, heartbeat, isolate, ordering, tracing
 from django_outbox.batch import Batch, BatchResult, group_leases, group_policy
-from django_outbox.conf import StreamConfig, get_stream
+from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.db import buffer_ops, connection_for
 from django_outbox.db.base import Move
 from django_outbox.db.transient import (
@@ -65,6 +65,7 @@ class ProcessOutcome(enum.StrEnum):
     DEFERRED = "deferred"  # back to the queue, attempt unchanged: a pause or the budget
 
 
+@on_stream_database
 def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
     """Start attempt n of a queued group and return n, or ``None`` if it is not queued.
 
@@ -88,6 +89,7 @@ def _take(config: StreamConfig, group_id: uuid.UUID) -> tuple[int, uuid.UUID | N
     return (taken[0], taken[1], taken[2]) if taken else None
 
 
+@on_stream_database
 def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
     """Run one attempt of a queued group: lease, handler, then finalize or record the failure."""
     config = get_stream(stream)
@@ -124,6 +126,7 @@ def _tell_sibling(config: StreamConfig, sibling: uuid.UUID) -> None:
     )
 
 
+@on_stream_database
 def run_attempt(
     config: StreamConfig, group_id: uuid.UUID, attempt: int, split_depth: int = 0
 ) -> ProcessOutcome:
@@ -338,7 +341,7 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
             raise table.lost(batch.group_id, batch.attempt)
     elif not locked:
         _lock_fenced(batch)
-    ops = buffer_ops(batch.model)
+    ops = buffer_ops(batch.model, alias=batch.config.alias)
     done = ops.archive_group(
         batch.group_id,
         Move(
@@ -360,7 +363,8 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
         )
     if not failed:
         return ProcessOutcome.DONE
-    remaining = batch.model._default_manager.filter(group_id=batch.group_id).count()
+    buffer = batch.model._default_manager.using(batch.config.alias)
+    remaining = buffer.filter(group_id=batch.group_id).count()
     if remaining == 0:
         # The failed rows were deleted meanwhile (by the handler, say): nothing to retry.
         OutboxGroup.objects.filter(id=batch.group_id).delete()
@@ -492,7 +496,7 @@ def exhaust_group(
         with transaction.atomic(using=alias):
             _run_on_exhausted(config, batch or Batch(config, group_id, attempt), error)
             ordering.hold_keys(config, group_id, clip(error))
-            rows = buffer_ops(config.model_class).archive_group(
+            rows = buffer_ops(config.model_class, alias=config.alias).archive_group(
                 group_id,
                 Move(config.name, Outcome.FAILED, attempt, clip(error), row_errors=row_errors),
             )

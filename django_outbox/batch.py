@@ -72,7 +72,8 @@ class Batch:
 
     @property
     def events(self) -> QuerySet:
-        events = self.model._default_manager.filter(group_id=self.group_id).order_by("id")
+        events = self.model._default_manager.using(self.config.alias)
+        events = events.filter(group_id=self.group_id).order_by("id")
         if self.links is not None:
             events._iterable_class = _linking(self.links)
         return events
@@ -85,10 +86,10 @@ class Batch:
         ``"payload"``); use ``events.values(...)`` to follow relations.
         """
         if self.links is None:
-            return buffer_ops(self.model).group_rows(self.group_id, fields)
+            return buffer_ops(self.model, alias=self.config.alias).group_rows(self.group_id, fields)
         extra = bool(fields) and "trace_context" not in fields
         names = (*fields, "trace_context") if extra else fields
-        rows = buffer_ops(self.model).group_rows(self.group_id, names)
+        rows = buffer_ops(self.model, alias=self.config.alias).group_rows(self.group_id, names)
         self.links.read((row["trace_context"] for row in rows), len(rows))
         if extra:
             for row in rows:

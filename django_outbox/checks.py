@@ -14,7 +14,8 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
+from django.db.migrations.loader import MigrationLoader
 from django.db.models import Q
 from django.utils.module_loading import import_string
 
@@ -30,6 +31,7 @@ from django_outbox.conf import (
     StagingConfig,
     outbox_settings,
     raw_settings,
+    stream_databases,
 )
 from django_outbox.db import database_now
 from django_outbox.db.dialect import supported
@@ -116,7 +118,11 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
         errors.extend(_check_callable_path(where, "ON_EXHAUSTED", options["ON_EXHAUSTED"]))
     errors.extend(
         _check_model(
-            name, where, options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]), models_seen
+            name,
+            where,
+            options.get("MODEL", STREAM_OPTIONS.defaults["MODEL"]),
+            models_seen,
+            options.get("DATABASE"),
         )
     )
     if options.get("ORDER_KEY") is not None:
@@ -143,7 +149,22 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
             )
         )
     errors.extend(_check_cluster(name, where, merged))
+    errors.extend(_check_database(where, options.get("DATABASE")))
     return errors
+
+
+def _check_database(where: str, alias: Any) -> list[CheckMessage]:
+    """``DATABASE`` is None or an alias of ``settings.DATABASES``."""
+    if alias is None or (isinstance(alias, str) and alias in settings.DATABASES):
+        return []
+    return [
+        Error(
+            f"{where}['DATABASE'] must name a database of settings.DATABASES, not {alias!r}.",
+            hint="Remove it to keep the stream on the database the router picks for its "
+            f"buffer model, or give one of {sorted(settings.DATABASES)}.",
+            id="django_outbox.E025",
+        )
+    ]
 
 
 def _check_section(section: str, options: Any, table: OptionTable) -> list[CheckMessage]:
@@ -266,7 +287,7 @@ def _check_callable_path(where: str, option: str, path: Any) -> list[CheckMessag
 
 
 def _check_model(
-    name: Any, where: str, label: Any, models_seen: dict[str, str]
+    name: Any, where: str, label: Any, models_seen: dict[str, str], database: Any = None
 ) -> list[CheckMessage]:
 
     try:
@@ -289,13 +310,16 @@ def _check_model(
             )
         ]
     if model is not OutboxEvent:
-        other = models_seen.setdefault(model._meta.label, str(name))
+        # One stream per model on each database: streams with distinct DATABASEs may share
+        # a model (a table of the same shape on each shard of a sharded application).
+        other = models_seen.setdefault(f"{model._meta.label} {database!r}", str(name))
         if other != name:
             return [
                 Error(
                     f"{model._meta.label} is bound to two streams: {other!r} and {name!r}.",
-                    hint="A custom buffer model belongs to one stream; give the other stream "
-                    "its own model or use the generic django_outbox.OutboxEvent.",
+                    hint="A custom buffer model belongs to one stream on each database; give "
+                    "the other stream its own model or DATABASE, or use the generic "
+                    "django_outbox.OutboxEvent.",
                     id="django_outbox.E022",
                 )
             ]
@@ -452,6 +476,54 @@ def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[Ch
                 )
             )
     return warnings
+
+
+@register(Tags.database)
+def check_stream_databases(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Each stream's database has the library's tables: its migrations are all applied."""
+    messages: list[CheckMessage] = []
+    for alias, streams in stream_databases().items():
+        if not databases or alias not in databases or alias not in settings.DATABASES:
+            continue
+        try:
+            missing = unapplied_migrations(connections[alias])
+        except DatabaseError as exc:
+            messages.append(
+                Warning(
+                    f"Could not read the migrations of database {alias!r} (streams "
+                    f"{', '.join(streams)}): {str(exc).strip().splitlines()[0]}",
+                    hint="Its tables were not checked; run the check again once the "
+                    "database answers.",
+                    id="django_outbox.W007",
+                )
+            )
+            continue
+        if missing:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} holds streams {', '.join(streams)} but lacks "
+                    f"migrations of django_outbox ({', '.join(missing)}): their groups, "
+                    "state and archive have no tables there.",
+                    hint=f"Run: manage.py migrate django_outbox --database {alias} (and let "
+                    "your router allow django_outbox on it).",
+                    id="django_outbox.W006",
+                )
+            )
+    return messages
+
+
+def unapplied_migrations(connection: Any) -> list[str]:
+    """The migrations of django_outbox not applied on *connection*, in order."""
+    loader = MigrationLoader(connection, ignore_no_migrations=True)
+    applied = loader.applied_migrations or {}
+    missing: list[str] = []
+    for leaf in loader.graph.leaf_nodes("django_outbox"):
+        for node in loader.graph.forwards_plan(leaf):
+            if node[0] == "django_outbox" and node not in applied and node[1] not in missing:
+                missing.append(node[1])
+    return missing
 
 
 @register(Tags.database)

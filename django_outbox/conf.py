@@ -9,15 +9,17 @@ Values are not validated here: the checks report bad ones.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.apps import apps
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import router
 from django.db.models import Model
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
@@ -35,6 +37,9 @@ from django_outbox.options import (
     OptionTable,
     choice,
 )
+from django_outbox.routing import enter_database, leave_database, on_database
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 SETTING_NAME = "DJANGO_OUTBOX"
 GENERIC_MODEL = "django_outbox.OutboxEvent"
@@ -82,6 +87,7 @@ STREAM_OPTIONS = OptionTable(
     Option("ARCHIVE", True, BOOL, "E031"),
     Option("TRANSACTIONAL", False, BOOL, "E031"),
     Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
+    Option("DATABASE", None),  # an alias of settings.DATABASES: check E025; tables: W006
     Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
     Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
     Option("AUTO_HEARTBEAT", True, BOOL, "E031"),  # keep a long handler's lease alive
@@ -224,6 +230,7 @@ class StreamConfig:
     order_after_dead_letter: str = "hold"
     calls_per_second: float | None = None
     rows_per_second: float | None = None
+    database: str | None = None
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
@@ -234,6 +241,16 @@ class StreamConfig:
         """The buffer model class (``app_label.ModelName`` resolved through the registry)."""
 
         return apps.get_model(self.model)
+
+    @functools.cached_property
+    def alias(self) -> str:
+        """The database the stream lives on: its rows, groups, state and archive.
+
+        Its ``DATABASE`` option, else the database the router picks for writes of its
+        buffer model (read once per configuration: the settings cache is dropped when
+        ``DATABASE_ROUTERS`` changes too).
+        """
+        return self.database or router.db_for_write(self.model_class)
 
     @property
     def outage_seconds(self) -> float:
@@ -388,8 +405,51 @@ def get_stream(name: str) -> StreamConfig:
     return outbox_settings().stream(name)
 
 
+def stream_databases() -> dict[str, list[str]]:
+    """The configured streams by the database each lives on (aliases in settings order).
+
+    A stream whose ``MODEL`` does not resolve is left out (checks E020 &c. report it).
+    """
+    found: dict[str, list[str]] = {}
+    for name, config in outbox_settings().streams.items():
+        try:
+            alias = config.alias
+        except (LookupError, ValueError, TypeError, AttributeError):
+            continue
+        found.setdefault(alias, []).append(name)
+    order = list(settings.DATABASES)
+    return dict(sorted(found.items(), key=lambda item: _position(order, item[0])))
+
+
+def _position(order: list[str], alias: str) -> int:
+    return order.index(alias) if alias in order else len(order)
+
+
+@contextlib.contextmanager
+def stream_database(stream: str | StreamConfig) -> Iterator[StreamConfig]:
+    """Run the block on the database *stream* lives on (:mod:`django_outbox.routing`)."""
+    config = stream if isinstance(stream, StreamConfig) else get_stream(stream)
+    with on_database(config.alias):
+        yield config
+
+
+def on_stream_database(func: F) -> F:
+    """Run *func* on the database of the stream named (or configured) by its first argument."""
+
+    @functools.wraps(func)
+    def wrapper(stream: Any, *args: Any, **kwargs: Any) -> Any:
+        config = stream if isinstance(stream, StreamConfig) else get_stream(stream)
+        token = enter_database(config.alias)
+        try:
+            return func(stream, *args, **kwargs)
+        finally:
+            leave_database(token)
+
+    return wrapper  # type: ignore[return-value]
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting in (SETTING_NAME, "Q_CLUSTER"):
+    if setting in (SETTING_NAME, "Q_CLUSTER", "DATABASES", "DATABASE_ROUTERS"):
         outbox_settings.cache_clear()
         _import_handler.cache_clear()

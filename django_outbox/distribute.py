@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django_outbox import claim_floor
-from django_outbox.conf import get_stream, outbox_settings
+from django_outbox.conf import get_stream, on_stream_database, outbox_settings
 from django_outbox.db import stream_buffer
 from django_outbox.rescue import requeue_due_groups
 from django_outbox.runs import effective_batch_size, runtime_state, start_backlog_runs
@@ -27,6 +27,7 @@ class DistributeResult:
     groups_exhausted: int = 0
 
 
+@on_stream_database
 def distribute(stream: str) -> DistributeResult:
     """Rescue the stream's due groups, then start runs for a backlog nobody takes.
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from django.db import connections
 
 from django_outbox.batch import Batch
+from django_outbox.conf import stream_database
 from django_outbox.exceptions import LeaseLost
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ def _run() -> None:
 
 def _beat(token: int, beat: _Beat, now: float) -> None:
     try:
-        beat.batch.heartbeat()
+        with stream_database(beat.batch.config):  # this thread is on no stream's database
+            beat.batch.heartbeat()
     except LeaseLost:
         with _lock:
             _beats.pop(token, None)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from django.db.models import Min
 
 from django_outbox import transport
-from django_outbox.conf import get_stream, outbox_settings
+from django_outbox.conf import get_stream, on_stream_database, outbox_settings
 from django_outbox.db import connection_for, database_now
 from django_outbox.distribute import distribute
 from django_outbox.models import GroupState, OutboxGroup, StreamState
@@ -85,6 +85,7 @@ def run_inline(
             waited += delay
 
 
+@on_stream_database
 def _queued_groups(stream: str, limit: int = 500) -> list[transport.Job]:
     """Run jobs for the stream's queued groups: their own jobs may wait for a cluster.
 
@@ -102,12 +103,20 @@ def _in_flight(status: StreamStatus) -> int:
 
 def _seconds_until_next_retry(names: list[str]) -> float:
     """How long until the earliest retry is due, between 0.05 and 1 second."""
+    waits = [wait for name in names if (wait := _seconds_until_retry(name)) is not None]
+    return min(waits, default=0.05)
+
+
+@on_stream_database
+def _seconds_until_retry(stream: str) -> float | None:
+    """How long until the stream's earliest retry is due (its database's clock), between
+    0.05 and 1 second; None without a retry."""
     due = (
-        OutboxGroup.objects.filter(stream__in=names, state=GroupState.RETRYING)
+        OutboxGroup.objects.filter(stream=stream, state=GroupState.RETRYING)
         .aggregate(first=Min("next_attempt_at"))
         .get("first")
     )
     if due is None:
-        return 0.05
+        return None
     now = database_now(connection_for(StreamState).alias)
     return min(max((due - now).total_seconds(), 0.05), 1.0)

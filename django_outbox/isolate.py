@@ -76,7 +76,7 @@ def split_group(
     *attempts* but the one that led to the split: a split spends none of the rows'
     attempts, and a row that keeps failing still runs out of them.
     """
-    rows = config.model_class._default_manager.filter(group_id=group_id)
+    rows = config.model_class._default_manager.using(config.alias).filter(group_id=group_id)
     lower, upper = uuid.uuid4(), uuid.uuid4()
     if config.ordered:
         # Whole keys in each half: the halves run in parallel (docs: ordered streams).

@@ -117,11 +117,14 @@ class PublishTrigger(Operation):
                 f"PublishTrigger on {app_label}.{self.model_name}: the migration must depend "
                 "on django_outbox's, e.g. ('django_outbox', '0001_initial')."
             ) from None
-        if router.db_for_write(buffer) != schema_editor.connection.alias:
+        alias = schema_editor.connection.alias
+        if not router.allow_migrate_model(alias, buffer):
+            # The buffer is on every database that holds streams (a stream's rows live on
+            # its database): a trigger writes to the one beside its table.
             raise ValueError(
-                f"PublishTrigger on {app_label}.{self.model_name}: the outbox buffer is on "
-                f"database {router.db_for_write(buffer)!r}, the table on "
-                f"{schema_editor.connection.alias!r}; a trigger can only write to its own database."
+                f"PublishTrigger on {app_label}.{self.model_name}: the outbox buffer is not "
+                f"migrated on database {alias!r}, the table's; a trigger can only write to "
+                "its own database (let the router migrate django_outbox there)."
             )
         columns = []
         for name in self.fields:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import uuid
 
-from django_outbox.conf import StreamConfig
+from django_outbox.conf import StreamConfig, on_stream_database
 from django_outbox.db import stream_buffer
 from django_outbox.db.ordered import OrderedSQL
 from django_outbox.models import HeldKey
@@ -92,6 +92,7 @@ def hold_keys(config: StreamConfig, group_id: uuid.UUID, error: str) -> int:
     return ordered_sql(config).hold_keys(group_id, error)
 
 
+@on_stream_database
 def held_keys(stream: str, cap: int) -> int:
     """Count the stream's held keys, stopping at *cap*."""
     return HeldKey.objects.filter(stream=stream).values("id")[:cap].count()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import models, transaction
+from django.db import models, router, transaction
 
 from django_outbox import partitions
 from django_outbox.conf import outbox_settings
@@ -27,6 +27,7 @@ from django_outbox.db import connection_for, database_now
 from django_outbox.db import idempotency as keys_sql
 from django_outbox.models import ArchivedEvent, IdempotencyKey, Outcome
 from django_outbox.models.unique import UniqueJob, all_kinds
+from django_outbox.routing import on_database
 from django_outbox.unique.options import kind_options
 
 DEFAULT_BATCH_SIZE = 5000
@@ -42,6 +43,8 @@ class PruneTarget:
     #: Conditions that confine the delete by id to the partitions that can hold the rows
     #: (a partitioned archive: its primary key is ``(id, outcome, archived_at)``).
     confine: Callable[[datetime], dict[str, object]] | None = None
+    #: The database of the rows (an archive's: its stream's); None: where the router says.
+    alias: str | None = None
 
 
 def _finished_jobs(kind: type[UniqueJob]) -> Callable[[datetime], models.QuerySet]:
@@ -73,11 +76,17 @@ def prune_targets(
             )
         )
     archived = streams if streams is not None else known or _archived_streams()
-    partitioned = partitions.archive_partitioning()
+    by_database = _by_database(archived)
+    partitioning = {}
+    for alias in by_database:  # each stream database's archive, partitioned or not
+        with on_database(alias):
+            partitioning[alias] = partitions.archive_partitioning()
     for stream in archived:
+        alias = _stream_alias(stream)
+        partitioned, neighbours = partitioning[alias], by_database[alias]
         for outcome in (Outcome.DONE, Outcome.FAILED):
             days = config.retention_days(stream, outcome)
-            longest = max((config.retention_days(s, outcome) for s in archived), default=days)
+            longest = max((config.retention_days(s, outcome) for s in neighbours), default=days)
             before = None
             if partitioned is not None and days >= longest and streams is None:
                 # Retired with whole partitions; only the legacy partition holds rows
@@ -92,6 +101,7 @@ def prune_targets(
                     ArchivedEvent,
                     _archive_due(stream, outcome, days, before),
                     None if partitioned is None else _confine(outcome, days, before),
+                    _stream_alias(stream),
                 )
             )
     if streams is None:
@@ -105,6 +115,20 @@ def prune_targets(
                 )
             )
     return targets
+
+
+def _stream_alias(stream: str) -> str:
+    """The database of a stream's archive: a configured stream's own; the router's for
+    one only the archive remembers."""
+    config = outbox_settings().streams.get(stream)
+    return config.alias if config is not None else router.db_for_write(ArchivedEvent)
+
+
+def _by_database(streams: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for stream in streams:
+        found.setdefault(_stream_alias(stream), []).append(stream)
+    return found
 
 
 def _archive_due(
@@ -161,14 +185,17 @@ def prune_all(
     known = None
     if streams is None:
         known = _archived_streams()
-        results.extend(_retire_partitions(known, dry_run))
+        for alias, names in _by_database(known).items():
+            with on_database(alias):
+                results.extend(_retire_partitions(names, dry_run))
     for target in prune_targets(streams, known):
         started = time.perf_counter()
-        if dry_run:
-            now = database_now(connection_for(target.model).alias)
-            rows = target.due(now).count()
-        else:
-            rows = _delete_in_batches(target, batch_size, progress)
+        with on_database(target.alias):
+            if dry_run:
+                now = database_now(connection_for(target.model).alias)
+                rows = target.due(now).count()
+            else:
+                rows = _delete_in_batches(target, batch_size, progress)
         results.append(PruneResult(target.label, rows, time.perf_counter() - started, dry_run))
     return results
 
@@ -198,7 +225,7 @@ def _delete_in_batches(
             else:
                 now = database_now(alias)
                 ids = list(target.due(now).values_list("pk", flat=True)[:batch_size])
-                rows = target.model._base_manager.filter(pk__in=ids)
+                rows = target.model._base_manager.db_manager(alias).filter(pk__in=ids)
                 if target.confine is not None:
                     rows = rows.filter(**target.confine(now))
                 count = rows.delete()[0] if ids else 0

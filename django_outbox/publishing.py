@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db.models import JSONField, Value
 
-from django_outbox.conf import StreamConfig, get_stream
+from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.jsondata import MAX_DEPTH, dumps_or, storable_text
@@ -93,6 +93,7 @@ def _order_key(config: StreamConfig, payload: Any) -> str | None:
     return key
 
 
+@on_stream_database
 def publish(stream: str, payload: Any) -> int:
     """Insert one event for *stream* and return its id.
 
@@ -114,13 +115,14 @@ def publish(stream: str, payload: Any) -> int:
     config = _check(stream)
     payload_json = _dumps(stream, payload)
     key = _order_key(config, payload)
-    ops = buffer_ops(OutboxEvent)
+    ops = buffer_ops(OutboxEvent, alias=config.alias)
     started = time.monotonic()
     event_id, guarded = ops.insert_event_guarded(stream, payload_json, current_traceparent(), key)
     wake(stream, using=ops.connection.alias, guarded_since=started if guarded else None)
     return event_id
 
 
+@on_stream_database
 def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000) -> int:
     """Insert many events for *stream* in bulk; return how many were inserted.
 
@@ -135,7 +137,7 @@ def publish_many(stream: str, payloads: Iterable[Any], *, batch_size: int = 1000
         value = _JSON_NULL if payload is None else payload
         key = _order_key(config, payload)
         events.append(OutboxEvent(stream=stream, payload=value, order_key=key))
-    OutboxEvent.objects.bulk_create(events, batch_size=batch_size)
+    OutboxEvent.objects.using(config.alias).bulk_create(events, batch_size=batch_size)
     return len(events)
 
 

@@ -7,12 +7,11 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from django.db import models, transaction
+from django.db import models, router, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from django_outbox.conf import get_stream
-from django_outbox.db import connection_for
+from django_outbox.conf import get_stream, stream_database, stream_databases
 from django_outbox.models import ArchivedEvent, Outcome
 from django_outbox.signals import rows_replayed, send_on_commit
 
@@ -35,8 +34,7 @@ def dead_letters(
     """Failed archived rows that were not replayed yet, filtered as given."""
     rows = ArchivedEvent.objects.filter(outcome=Outcome.FAILED, replayed_at__isnull=True)
     if stream is not None:
-        get_stream(stream)
-        rows = rows.filter(stream=stream)
+        rows = rows.using(get_stream(stream).alias).filter(stream=stream)
     if since is not None:
         rows = rows.filter(archived_at__gte=since)
     if until is not None:
@@ -44,6 +42,15 @@ def dead_letters(
     if group_id is not None:
         rows = rows.filter(group_id=group_id)
     return rows
+
+
+def archive_databases(stream: str | None = None) -> list[str]:
+    """The databases whose archive holds *stream*'s dead letters (its own), or every
+    stream's: the router's for ``ArchivedEvent`` and each database that holds streams."""
+    if stream is not None:
+        return [get_stream(stream).alias]
+    aliases = [router.db_for_write(ArchivedEvent), *stream_databases()]
+    return [alias for index, alias in enumerate(aliases) if alias not in aliases[:index]]
 
 
 def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counter:
@@ -65,7 +72,7 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
         model = config.model_class
         fields = [f for f in model._meta.concrete_fields if f.column not in _FRESH_COLUMNS]
         while True:
-            with transaction.atomic(using=connection_for(model).alias):
+            with stream_database(config), transaction.atomic(using=config.alias):
                 batch = list(
                     rows.filter(stream=name)
                     .select_for_update(skip_locked=True)
@@ -74,11 +81,11 @@ def replay_failed(rows: QuerySet[ArchivedEvent], *, chunk: int = 1000) -> Counte
                 )
                 if not batch:
                     break
-                model._default_manager.bulk_create(
+                model._default_manager.db_manager(config.alias).bulk_create(
                     model(**{f.attname: _value(f, data.get(f.column)) for f in fields})
                     for _, data in batch
                 )
-                ArchivedEvent.objects.filter(id__in=[pk for pk, _ in batch]).update(
+                ArchivedEvent.objects.using(rows.db).filter(id__in=[pk for pk, _ in batch]).update(
                     replayed_at=Now()
                 )
                 send_on_commit(rows_replayed, name, rows=len(batch))

@@ -18,13 +18,14 @@ from django.db.models.functions import Now
 
 from django_outbox import attempt, transport
 from django_outbox.batch import group_leases, group_policy, queued_lease
-from django_outbox.conf import StreamConfig
+from django_outbox.conf import StreamConfig, on_stream_database
 from django_outbox.models import GroupState, OutboxGroup
 
 #: At most this many due groups are rescued per stream and call.
 RESCUE_LIMIT = 500
 
 
+@on_stream_database
 def requeue_due_groups(
     config: StreamConfig, *, ids: Collection[uuid.UUID] | None = None, lost_only: bool = False
 ) -> tuple[int, int]:

@@ -42,7 +42,13 @@ from django_outbox import claim_floor, transport
 from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
 from django_outbox.batch import queued_lease
 from django_outbox.budget import admits, claim_limit
-from django_outbox.conf import StreamConfig, get_stream, outbox_settings
+from django_outbox.conf import (
+    StreamConfig,
+    get_stream,
+    on_stream_database,
+    outbox_settings,
+    stream_databases,
+)
 from django_outbox.db import connection_for, stream_buffer
 from django_outbox.db.base import Claimed
 from django_outbox.db.runs import publishers_done, raise_wake_epoch, runs_in_flight, wake_state
@@ -93,6 +99,7 @@ class ClaimResult:
 # -- runtime state ------------------------------------------------------------------
 
 
+@on_stream_database
 def runtime_state(stream: str) -> StreamState:
     """Return the stream's state row, creating it on first use."""
     state, _ = StreamState.objects.get_or_create(stream=stream)
@@ -100,9 +107,10 @@ def runtime_state(stream: str) -> StreamState:
 
 
 def create_state_rows(using: str | None = None, **kwargs: object) -> None:
-    """Write a state row for every configured stream that has none (after ``migrate``)."""
-    streams = outbox_settings().streams
+    """Write a state row for every stream of database *using* that has none (after
+    ``migrate``): a stream's state lives on its database."""
     manager = StreamState.objects.db_manager(using)
+    streams = stream_databases().get(manager.db, [])
     manager.bulk_create([StreamState(stream=name) for name in streams], ignore_conflicts=True)
 
 
@@ -114,6 +122,7 @@ def effective_batch_size(config: StreamConfig, state: StreamState | None) -> int
     return claim_limit(config, config.batch_size)
 
 
+@on_stream_database
 def set_paused(stream: str, paused: bool) -> None:
     """Pause or resume a stream: no claim is made while it is paused; resuming wakes it."""
     get_stream(stream)
@@ -126,6 +135,7 @@ def set_paused(stream: str, paused: bool) -> None:
 # -- claim --------------------------------------------------------------------------
 
 
+@on_stream_database
 def claim_group(
     stream: str, *, run_here: bool = False, state: StreamState | None = None
 ) -> ClaimResult:
@@ -191,6 +201,7 @@ def claim_group(
 # -- start --------------------------------------------------------------------------
 
 
+@on_stream_database
 def start_runs(
     stream: str, runs: int = 1, *, only_if_idle: bool = False, announce: bool = True
 ) -> int:
@@ -230,6 +241,7 @@ def start_runs(
     return retry_transient(locked, alias, what=f"start of a run of stream {stream}")
 
 
+@on_stream_database
 def wake_now(stream: str) -> bool:
     """Make sure a run of *stream* will claim the rows committed so far.
 
@@ -261,8 +273,7 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
     :data:`~django_outbox.db.wake_guard.LONG_TRANSACTION_SECONDS`
     (:mod:`django_outbox.db.wake_guard`).
     """
-    get_stream(stream)
-    alias = using or connection_for(StreamState).alias
+    alias = using or get_stream(stream).alias
     on_commit_once(
         ("django_outbox.wake", stream),
         partial(_wake_after_commit, stream),
@@ -271,6 +282,7 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
     )
 
 
+@on_stream_database
 def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
     """The commit's wake: none when a run in flight waits for every row it wrote."""
     if relied_on_recently(guarded_since, LONG_TRANSACTION_SECONDS):
@@ -428,6 +440,7 @@ def wait_for_publishers(done: Callable[[], bool], name: str) -> bool:
     return True
 
 
+@on_stream_database
 def run(
     stream: str, group_id: uuid.UUID | str | None = None, *, budget: float = RUN_SECONDS
 ) -> list[ProcessOutcome]:
@@ -467,21 +480,24 @@ def start_backlog_runs(stream: str, backlog: int, batch_size: int) -> int:
 # -- wake on every ORM write of buffer rows ------------------------------------------
 
 
-def _streams_of(model: type[Any], rows: Any) -> set[str]:
+def _streams_of(model: type[Any], rows: Any, using: str) -> set[str]:
     if model is OutboxEvent:
         configured = outbox_settings().streams
         return {row.stream for row in rows if row.stream in configured}
-    return set(outbox_settings().streams_by_model.get(model._meta.label_lower, ()))
+    streams = outbox_settings().streams_by_model.get(model._meta.label_lower, ())
+    if len(streams) > 1:  # one stream of the model on each database: the one written to
+        return {name for name in streams if get_stream(name).alias == using}
+    return set(streams)
 
 
 def _wake_on_save(
     sender: type[Any], instance: Any, created: bool, using: str, **kwargs: Any
 ) -> None:
     if created and isinstance(instance, BufferEvent):
-        for stream in _streams_of(sender, [instance]):
+        for stream in _streams_of(sender, [instance], using):
             wake(stream, using=using)
 
 
 def _wake_on_bulk_create(sender: type[Any], objs: list[Any], using: str, **kwargs: Any) -> None:
-    for stream in _streams_of(sender, objs):
+    for stream in _streams_of(sender, objs, using):
         wake(stream, using=using)

@@ -44,7 +44,8 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_outbox import tracing, transport
-from django_outbox.conf import outbox_settings
+from django_outbox.conf import outbox_settings, stream_databases
+from django_outbox.db import connection_for
 from django_outbox.db import staging as sql
 from django_outbox.db.transient import retry_transient
 from django_outbox.exceptions import StagingError
@@ -53,6 +54,7 @@ from django_outbox.jsondata import dumps_or
 from django_outbox.models import StagedJob
 from django_outbox.oncommit import on_commit_once
 from django_outbox.options import is_positive_int
+from django_outbox.routing import on_database
 from django_outbox.signals import send_robust, staged_jobs_forwarded
 
 __all__ = [
@@ -83,8 +85,21 @@ _INTERNAL_KEY = re.compile(r"staged:[0-9]+\Z")
 
 
 def _alias(using: str | None = None) -> str:
+    """The database of staged jobs: *using*, else that of the work in hand, else the
+    router's (:mod:`django_outbox.routing`)."""
+    return using or connection_for(StagedJob).alias
 
-    return using or router.db_for_write(StagedJob)
+
+def staging_databases() -> list[str]:
+    """The databases the drainer reads: the router's for staged jobs, and every database
+    that holds streams where django_outbox is migrated (a staged job commits with the
+    write it belongs to, on that write's database)."""
+    aliases = [router.db_for_write(StagedJob), *stream_databases()]
+    return [
+        alias
+        for index, alias in enumerate(aliases)
+        if alias not in aliases[:index] and router.allow_migrate_model(alias, StagedJob)
+    ]
 
 
 def task_path(func: str | Callable[..., Any], what: str = "staged task") -> str:
@@ -224,9 +239,10 @@ def stage_task(func: str | Callable[..., Any], *args: Any, **kwargs: Any) -> int
         )
         transport.submit([_job(row, kept=False)], alias=alias)
         return None
-    staged_id = sql.insert(
-        path, args_json, kwargs_json, options_json, idempotency_key, run_after, traceparent
-    )
+    with on_database(alias):
+        staged_id = sql.insert(
+            path, args_json, kwargs_json, options_json, idempotency_key, run_after, traceparent
+        )
     if forward:
         _forward_after_commit(staged_id, alias)
     return staged_id
@@ -291,7 +307,7 @@ def drain(
     started = time.monotonic()
 
     def batch() -> tuple[int, int]:
-        with transaction.atomic(using=alias):
+        with on_database(alias), transaction.atomic(using=alias):
             # A broker outside this transaction (Redis…) can lose a job after the commit:
             # the rows stay until their job has run, and every job runs behind a guard.
             keep = not transport.in_transaction_hand_off(alias)
@@ -310,7 +326,7 @@ def drain(
                     _log_kept(row, row.last_error)
                     continue
                 try:
-                    jobs.append(_job(row, keep))
+                    jobs.append(_job(row, keep, alias))
                 except Exception as exc:  # one bad row never holds back the others
                     error = str(exc) if isinstance(exc, StagingError) else repr(exc)
                     sql.keep_with_error(row, error)
@@ -355,7 +371,7 @@ def _log_kept(row: sql.TakenJob, error: str) -> None:
     )
 
 
-def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
+def _job(row: sql.TakenJob, kept: bool, alias: str | None = None) -> transport.Job:
     """The django-q2 job for a taken row; raises StagingError for a row that cannot run.
 
     The row is checked as ``stage_task`` checked it: someone with write access to the
@@ -364,14 +380,14 @@ def _job(row: sql.TakenJob, kept: bool) -> transport.Job:
     that the job deletes it once it has run. A job staged inside a recording span runs
     through :data:`TRACED_RUNNER`, which continues that trace.
     """
-    job = _untraced_job(row, kept)
+    job = _untraced_job(row, kept, alias)
     if row.trace_context is None:
         return job
     args = (row.trace_context, job.func, list(job.args), job.kwargs)
     return transport.Job(TRACED_RUNNER, args, job.cluster, options=job.options, save=job.save)
 
 
-def _untraced_job(row: sql.TakenJob, kept: bool) -> transport.Job:
+def _untraced_job(row: sql.TakenJob, kept: bool, alias: str | None = None) -> transport.Job:
     task_path(row.func)
     if not isinstance(row.args, list):
         raise StagingError(f"The arguments of a staged job must be a JSON list, not {row.args!r}.")
@@ -382,13 +398,16 @@ def _untraced_job(row: sql.TakenJob, kept: bool) -> transport.Job:
     options = dict(_check_options(row.q_options))
     cluster = options.pop("cluster", None)
     save = options.pop("save", None)
-    staged_id = (row.id,) if kept else ()
+    # A kept row's job finds it again on its database (named when not the router's).
+    staged_id: tuple[Any, ...] = (row.id,) if kept else ()
+    if kept and alias is not None and alias != router.db_for_write(StagedJob):
+        staged_id = (row.id, alias)
     if row.idempotency_key:
         key, scope = row.idempotency_key, _caller_scope(row.func)
         args = (key, row.func, row.args, row.kwargs, scope, *staged_id)
         return transport.Job(RUNNER, args, cluster, options=options, save=save)
     if kept:
-        args = (f"staged:{row.id}", row.func, row.args, row.kwargs, GUARD_SCOPE, row.id)
+        args = (f"staged:{row.id}", row.func, row.args, row.kwargs, GUARD_SCOPE, *staged_id)
         return transport.Job(RUNNER, args, cluster, options=options, save=save)
     return transport.Job(
         row.func, tuple(row.args), cluster, kwargs=row.kwargs, options=options, save=save
@@ -427,21 +446,28 @@ class DrainReport:
 def drain_until_empty(
     *, budget_seconds: float | None = None, limit: int | None = None
 ) -> DrainReport:
-    """Drain batch after batch until no due job is left or *budget_seconds* ran out."""
+    """Drain batch after batch until no due job is left or *budget_seconds* ran out, on
+    each database of :func:`staging_databases` in turn."""
     budget = (
         budget_seconds if budget_seconds is not None else outbox_settings().staging.drain_seconds
     )
     limit = limit or outbox_settings().staging.batch_size
     started = time.monotonic()
     batches = forwarded = kept = 0
-    while True:
-        result = drain(limit=limit)
-        batches += 1
-        forwarded += result.forwarded
-        kept += result.kept
-        empty = result.forwarded + result.kept < limit
-        if empty or time.monotonic() - started >= budget:
-            return DrainReport(batches, forwarded, kept, time.monotonic() - started, empty)
+    empty = True
+    for alias in staging_databases():
+        while True:
+            result = drain(limit=limit, using=alias)
+            batches += 1
+            forwarded += result.forwarded
+            kept += result.kept
+            drained = result.forwarded + result.kept < limit
+            if drained or time.monotonic() - started >= budget:
+                break
+        empty = empty and drained
+        if time.monotonic() - started >= budget:
+            break
+    return DrainReport(batches, forwarded, kept, time.monotonic() - started, empty)
 
 
 def run_staged(
@@ -451,6 +477,7 @@ def run_staged(
     kwargs: dict[str, Any],
     scope: str = GUARD_SCOPE,
     staged_id: int | None = None,
+    using: str | None = None,
 ) -> Any:
     """Run a forwarded staged job once per *key* in *scope*, however often it is delivered.
 
@@ -468,24 +495,30 @@ def run_staged(
     if staged_id is None:
         return _guarded(target, key, scope, args, kwargs)
     failure: Exception | None = None
-    with transaction.atomic(using=_alias()):
+    alias = _alias(using)  # *using*: the row's database, when not the router's
+    with on_database(alias), transaction.atomic(using=alias):
         if not sql.hold(staged_id):
             logger.info("Staged job %s ran already or runs now: delivery skipped.", staged_id)
             return None
         try:
-            result = _guarded(target, key, scope, args, kwargs)
+            result = _guarded(target, key, scope, args, kwargs, using)
         except Exception as exc:  # its effects are rolled back; the row goes all the same
             failure = exc
-        StagedJob.objects.using(_alias()).filter(id=staged_id).delete()
+        StagedJob.objects.using(alias).filter(id=staged_id).delete()
     if failure is not None:
         raise failure
     return result
 
 
 def _guarded(
-    target: Callable[..., Any], key: str, scope: str, args: list[Any], kwargs: dict[str, Any]
+    target: Callable[..., Any],
+    key: str,
+    scope: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    using: str | None = None,
 ) -> Any:
-    with idempotent(key=key, scope=scope, store_result=False) as guard:
+    with idempotent(key=key, scope=scope, store_result=False, using=using) as guard:
         if guard.done:
             logger.info("Staged job %s already ran; this delivery is skipped.", key)
             return None

@@ -9,8 +9,8 @@ from typing import Any
 
 from django.db.models import Count
 
-from django_outbox.conf import get_stream, outbox_settings
-from django_outbox.db import connection_for, database_now, stream_buffer
+from django_outbox.conf import get_stream, on_stream_database, outbox_settings
+from django_outbox.db import database_now, stream_buffer
 from django_outbox.db.runs import runs_in_flight
 from django_outbox.models import (
     ArchivedEvent,
@@ -23,6 +23,7 @@ from django_outbox.models import (
 from django_outbox.models.unique import STAGES, all_kinds
 from django_outbox.ordering import held_keys
 from django_outbox.runs import effective_batch_size
+from django_outbox.staging import staging_databases
 
 #: Counts stop here, so a status query never scans a huge table.
 COUNT_CAP = 1_000_000
@@ -61,19 +62,22 @@ class StreamStatus:
         return data
 
 
+@on_stream_database
 def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
     """Return the status of *stream*."""
     config = get_stream(stream)
     model = config.model_class
     state = StreamState.objects.filter(stream=stream).first()
-    now = database_now(connection_for(model).alias)
+    now = database_now(config.alias)
     buffer = stream_buffer(config)
     # Above the claim floor, as claims read (PostgreSQL): a held snapshot leaves dead
     # entries below it that a count from the oldest end would step over, every scrape.
     # A late row below the floor is seen once distribute has lowered the floor to it.
     floor = state.claim_floor if state is not None and buffer.keeps_claim_floor else 0
     backlog = buffer.count_unclaimed(cap, floor)
-    unclaimed = model._default_manager.filter(group_id__isnull=True, id__gt=floor)
+    unclaimed = model._default_manager.using(config.alias).filter(
+        group_id__isnull=True, id__gt=floor
+    )
     if buffer.stream is not None:
         unclaimed = unclaimed.filter(stream=stream)
     oldest = unclaimed.order_by("id").values_list("created_at", flat=True).first()
@@ -120,11 +124,14 @@ def all_statuses(streams: list[str] | None = None) -> list[StreamStatus]:
 def staged_counts(cap: int = COUNT_CAP) -> dict[str, int]:
     """Staged jobs waiting for the drainer, forwarded and not yet run (a broker that can
     lose jobs: Redis), and kept with an error; each count bounded."""
-    pending = StagedJob.objects.filter(last_error="")
-    waiting = pending.filter(forwarded_at__isnull=True).values("id")[:cap].count()
-    forwarded = pending.filter(forwarded_at__isnull=False).values("id")[:cap].count()
-    kept = StagedJob.objects.exclude(last_error="").values("id")[:cap].count()
-    return {"waiting": waiting, "forwarded": forwarded, "kept": kept}
+    counts = {"waiting": 0, "forwarded": 0, "kept": 0}
+    for alias in staging_databases():  # each count bounded per database
+        jobs = StagedJob.objects.using(alias)
+        pending = jobs.filter(last_error="")
+        counts["waiting"] += pending.filter(forwarded_at__isnull=True).values("id")[:cap].count()
+        counts["forwarded"] += pending.filter(forwarded_at__isnull=False).values("id")[:cap].count()
+        counts["kept"] += jobs.exclude(last_error="").values("id")[:cap].count()
+    return counts
 
 
 def unique_job_counts(cap: int = COUNT_CAP) -> Iterator[tuple[str, str, int]]:

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from django_outbox.attempt import exhaust_group
-from django_outbox.conf import outbox_settings
+from django_outbox.conf import on_stream_database, outbox_settings
 from django_outbox.db import connection_for
 from django_outbox.models import GroupState, HeldKey, OutboxGroup
 from django_outbox.rescue import requeue_due_groups
@@ -117,6 +117,7 @@ def _due_now(ids: Collection[Any], states: list[str], due_field: str) -> Steered
     return Steered(chosen=len(free), requeued=requeued, exhausted=exhausted, locked=tuple(locked))
 
 
+@on_stream_database
 def release_keys(stream: str, keys: Collection[str]) -> int:
     """Release held keys of an ordered stream: their later rows go on. Returns how many.
 

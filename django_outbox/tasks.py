@@ -53,10 +53,11 @@ def run_staged(
     kwargs: dict[str, Any],
     scope: str | None = None,
     staged_id: int | None = None,
+    using: str | None = None,
 ) -> Any:
-    """Run a forwarded staged job behind its idempotency guard (*scope*, *staged_id*:
-    see staging)."""
-    return run_staged_job(key, func, args, kwargs, scope or GUARD_SCOPE, staged_id)
+    """Run a forwarded staged job behind its idempotency guard (*scope*, *staged_id*,
+    *using*: see staging)."""
+    return run_staged_job(key, func, args, kwargs, scope or GUARD_SCOPE, staged_id, using)
 
 
 def run_traced(

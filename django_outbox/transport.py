@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import router, transaction
+from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from django_q.brokers import get_broker
@@ -33,6 +33,7 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from django_outbox.models import OutboxGroup
+from django_outbox.routing import connection_for
 
 DISTRIBUTE = "django_outbox.tasks.distribute"
 RUN = "django_outbox.tasks.run"
@@ -164,7 +165,7 @@ def cluster_options(cluster: str | None) -> dict[str, Any] | None:
 
 def _our_alias() -> str:
 
-    return router.db_for_write(OutboxGroup)
+    return connection_for(OutboxGroup).alias  # the stream's database, while on a stream
 
 
 def _orm_broker_alias() -> str | None:

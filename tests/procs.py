@@ -50,8 +50,8 @@ def database_url() -> str:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child process that uses this test run's database."""
-    from django.db import connection
+    """The environment of a child process that uses this test run's databases."""
+    from django.db import connection, connections
 
     env = {
         **os.environ,
@@ -69,6 +69,8 @@ def child_env(**extra: str) -> dict[str, str]:
         env["OUTBOX_TEST_SQLITE"] = str(connection.settings_dict["NAME"])
     else:  # pragma: no cover - the suite runs on SQLite and PostgreSQL only
         raise RuntimeError(f"no child environment for {connection.vendor!r}")
+    # The second database (tests/settings.py): the test copy, when this run made one.
+    env["OUTBOX_TEST_OTHER_NAME"] = str(connections["other"].settings_dict["NAME"])
     env.update(extra)
     return env
 

@@ -7,6 +7,7 @@ URL means PostgreSQL. ``pytest --postgres`` sets it before these settings load
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import tempfile
@@ -103,6 +104,27 @@ else:
         }
     }
 
+# A second database for the tests of streams on many databases
+# (tests/test_many_databases.py): pytest-django creates it only for a run that collects
+# a test declaring it (``databases={"default", "other"}``). Its name is the default's
+# with "2" appended; a child process is given the test copy's name
+# (``OUTBOX_TEST_OTHER_NAME``, tests/procs.py).
+OTHER_DATABASE = "other"
+if _url:
+    DATABASES[OTHER_DATABASE] = {
+        **copy.deepcopy(DATABASES["default"]),
+        "NAME": os.environ.get("OUTBOX_TEST_OTHER_NAME") or DATABASES["default"]["NAME"] + "2",
+    }
+else:
+    _other_name = os.environ.get("OUTBOX_TEST_OTHER_NAME") or (
+        _name.removesuffix(".sqlite3") + "2.sqlite3"
+    )
+    DATABASES[OTHER_DATABASE] = {
+        **copy.deepcopy(DATABASES["default"]),
+        "NAME": _other_name,
+        "TEST": {"NAME": _other_name},
+    }
+
 Q_CLUSTER: dict[str, Any] = {
     "name": "outbox-tests",
     "orm": "default",
@@ -186,6 +208,11 @@ if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
     DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_CHAOS_STREAM
     Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}
+# The process test of streams on many databases (tests/test_many_databases_processes.py):
+# the crash stream on each of the two databases, one cluster for both.
+CRASH_OTHER_STREAM = {**CRASH_STREAM, "DATABASE": OTHER_DATABASE}
+if os.environ.get("OUTBOX_TEST_MANY_DATABASES"):
+    DJANGO_OUTBOX["STREAMS"]["crash_other"] = CRASH_OTHER_STREAM
 STALL_STREAM = {**CRASH_STREAM, "HANDLER": "tests.testapp.handlers.stall"}
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["stall"] = STALL_STREAM

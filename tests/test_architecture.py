@@ -29,6 +29,7 @@ BASE = {
     "django_outbox.tracing",
     "django_outbox.db.dialect",
     "django_outbox.db.transient",
+    "django_outbox.routing",
     "django_outbox.unique",
 }
 CONFIG = {"django_outbox.conf", "django_outbox.unique.options"}

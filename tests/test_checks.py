@@ -29,7 +29,7 @@ TEST_Q_CLUSTER = settings.Q_CLUSTER
 KNOWN_OPTIONS = (
     "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
     "AUTO_HEARTBEAT, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CALLS_PER_SECOND, "
-    "CHAINS, CLUSTER, "
+    "CHAINS, CLUSTER, DATABASE, "
     "EVERY_MINUTES, HANDLER, HANDOFF_SECONDS, ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, "
     "MODEL, ON_EXHAUSTED, ORDER_AFTER_DEAD_LETTER, ORDER_KEY, ROWS_PER_SECOND, TRANSACTIONAL."
 )
@@ -301,10 +301,24 @@ def test_custom_model_bound_to_two_streams_is_e022():
                 "django_outbox.E022",
                 "marketing.ContactActivityEvent is bound to two streams: 'marketing' and "
                 "'marketing-copy'.",
-                "A custom buffer model belongs to one stream; give the other stream its own "
-                "model or use the generic django_outbox.OutboxEvent.",
+                "A custom buffer model belongs to one stream on each database; give the other "
+                "stream its own model or DATABASE, or use the generic "
+                "django_outbox.OutboxEvent.",
             )
         ]
+
+
+def test_streams_on_distinct_databases_may_share_a_custom_model():
+    streams = {
+        "marketing": {"HANDLER": HANDLER, "MODEL": "marketing.ContactActivityEvent"},
+        "marketing-eu": {
+            "HANDLER": HANDLER,
+            "MODEL": "marketing.ContactActivityEvent",
+            "DATABASE": "other",
+        },
+    }
+    with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
+        assert outbox_messages() == []
 
 
 ORDER_KEY_HINT = (

@@ -9,8 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from django.db import connections, router
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import connections
 from django.db.models import Model
 from django.utils import timezone
 
@@ -19,6 +18,7 @@ from django_outbox.db.dialect import Dialect, dialect_of
 from django_outbox.db.ordered import OrderedSQL
 from django_outbox.db.postgresql import PostgresBufferOps
 from django_outbox.db.sqlite import SQLiteBufferOps
+from django_outbox.routing import connection_for
 
 if TYPE_CHECKING:
     from django_outbox.conf import StreamConfig
@@ -31,19 +31,17 @@ BUFFER_OPS: dict[str, type[BufferOps]] = {
 }
 
 
-def connection_for(model: type[Model]) -> BaseDatabaseWrapper:
-    """Return the connection that writes *model*'s table."""
-    return connections[router.db_for_write(model)]
-
-
 def dialect_for(model: type[Model]) -> Dialect:
     """The dialect of the database that holds *model*."""
     return dialect_of(connection_for(model))
 
 
-def buffer_ops(model: type[Model], stream: str | None = None) -> BufferOps:
-    """The buffer operations over *model*'s table; *stream* filters the shared buffer."""
-    connection = connection_for(model)
+def buffer_ops(
+    model: type[Model], stream: str | None = None, *, alias: str | None = None
+) -> BufferOps:
+    """The buffer operations over *model*'s table (on *alias*, else where
+    :func:`connection_for` says); *stream* filters the shared buffer."""
+    connection = connections[alias] if alias is not None else connection_for(model)
     ops_class = BUFFER_OPS[dialect_of(connection).vendor]
     return ops_class(connection, model, stream)
 
@@ -55,7 +53,9 @@ GENERIC_ORDER_COLUMN = "order_key"
 def stream_buffer(config: StreamConfig) -> BufferOps:
     """The buffer operations of a stream: its model, filtered to it in the shared buffer;
     an ordered stream's claim keeps each key's rows in order (:mod:`django_outbox.db.ordered`)."""
-    ops = buffer_ops(config.model_class, config.name if config.is_generic else None)
+    ops = buffer_ops(
+        config.model_class, config.name if config.is_generic else None, alias=config.alias
+    )
     if config.order_key is not None:
         # The generic buffer keeps the value of the payload key ORDER_KEY names in a
         # column of its own.

@@ -5,11 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import connections, router
-
 from django_outbox.db import wake_guard
 from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move
 from django_outbox.models import StreamState
+from django_outbox.routing import connection_for
 
 
 class PostgresBufferOps(BufferOps):
@@ -45,7 +44,7 @@ class PostgresBufferOps(BufferOps):
         trace_context: str | None = None,
         order_key: str | None = None,
     ) -> tuple[int, bool]:
-        if connections[router.db_for_write(StreamState)] is not self.connection:
+        if connection_for(StreamState) is not self.connection:
             return super().insert_event_guarded(stream, payload_json, trace_context, order_key)
         columns, values, params = self.event_columns(trace_context, order_key)
         row = self.fetchone(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from django_outbox.routing import StreamScopedManager
+
 
 class Outcome(models.TextChoices):
     DONE = "done", "done"
@@ -27,6 +29,8 @@ class ArchivedEvent(models.Model):
     replayed_at = models.DateTimeField(
         null=True, blank=True, help_text="When this dead letter was published again."
     )
+
+    objects = StreamScopedManager()  # on its stream's database
 
     class Meta:
         verbose_name = "archived event"

@@ -7,6 +7,8 @@ import uuid
 from django.db import models
 from django.db.models.functions import Now
 
+from django_outbox.routing import StreamScopedManager
+
 
 class GroupState(models.TextChoices):
     CLAIMED = "claimed", "claimed (process job queued)"
@@ -48,6 +50,8 @@ class OutboxGroup(models.Model):
     )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    objects = StreamScopedManager()  # on its stream's database
 
     class Meta:
         verbose_name = "group"

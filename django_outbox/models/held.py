@@ -7,6 +7,8 @@ import uuid
 from django.db import models
 from django.db.models.functions import Now
 
+from django_outbox.routing import StreamScopedManager
+
 
 class HeldKey(models.Model):
     """One ``ORDER_KEY`` value of an ordered stream held back by a dead letter.
@@ -25,6 +27,8 @@ class HeldKey(models.Model):
     )
     error = models.TextField(blank=True, default="")
     held_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    objects = StreamScopedManager()  # on its stream's database
 
     class Meta:
         verbose_name = "held key"

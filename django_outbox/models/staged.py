@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from django_outbox.routing import StreamScopedManager
+
 
 class StagedJob(models.Model):
     """One django-q2 job written by ``stage_task()``; the drainer forwards and deletes it.
@@ -52,6 +54,10 @@ class StagedJob(models.Model):
         default="",
         help_text="Why the drainer could not forward this job; it stays here until fixed.",
     )
+
+    #: On the database of the work in hand (a stream's run, ``stage_task(using=...)``,
+    #: the drain of one database): a staged job commits with the write it belongs to.
+    objects = StreamScopedManager()
 
     class Meta:
         verbose_name = "staged job"

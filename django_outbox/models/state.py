@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from django_outbox.conf import MAX_BATCH_SIZE
+from django_outbox.routing import StreamScopedManager
 
 
 class StreamState(models.Model):
@@ -75,6 +76,8 @@ class StreamState(models.Model):
         help_text="Rows handed to the handler under the stream's ROWS_PER_SECOND, since the start.",
     )
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    objects = StreamScopedManager()  # on its stream's database
 
     class Meta:
         verbose_name = "stream state"

@@ -94,6 +94,9 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "database writes commit with the archive, exactly once",
     ("stream", "CLUSTER"): 'django-q2 cluster (`Q_CLUSTER["ALT_CLUSTERS"]`) for the '
     "stream's jobs; `None`: the default cluster",
+    ("stream", "DATABASE"): "alias of `settings.DATABASES` the stream lives on: its buffer "
+    "rows, groups, state and archive; `None`: the database the router picks for writes of "
+    "its buffer model ([streams on many databases](how-to/many-databases.md))",
     ("stream", "ON_EXHAUSTED"): "dotted path of `hook(batch, error)`, run before a group's "
     "rows become dead letters",
     ("stream", "ISOLATE_FAILURES"): "split a group that fails as a whole in halves until the "
@@ -222,6 +225,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stream", "ORDER_KEY"): ("E023", "W005"),
     ("stream", "BACKOFF_MAX_SECONDS"): ("E033",),
     ("stream", "CLUSTER"): ("W002", "E041"),
+    ("stream", "DATABASE"): ("E025", "W006", "W007"),
     ("stream", "LEASE_SECONDS"): ("E042",),
     ("staging", "DRAIN_SECONDS"): ("E056",),
     ("staging", "REDELIVER_SECONDS"): ("E057",),
@@ -311,10 +315,11 @@ CHECK_DOCS: dict[str, str] = {
     "E014": "`ON_EXHAUSTED` is not a callable's dotted path",
     "E020": "`MODEL` is not an installed model",
     "E021": "`MODEL` is not a `BufferEvent` subclass",
-    "E022": "a custom buffer model is bound to two streams",
+    "E022": "a custom buffer model is bound to two streams on one database",
     "E023": "`ORDER_KEY` is not a field of the stream's own buffer model, or (generic "
     "buffer) not the name of a payload key",
     "E024": '`ORDER_AFTER_DEAD_LETTER` is not `"hold"` or `"continue"`',
+    "E025": "`DATABASE` does not name a database of `settings.DATABASES`",
     "E030": "a stream's size or duration option is not a positive integer",
     "E031": "`ARCHIVE`, `TRANSACTIONAL`, `ISOLATE_FAILURES` or `AUTO_HEARTBEAT` is not a boolean",
     "E032": "a stream's `CLUSTER` is not a name or `None`",
@@ -368,6 +373,9 @@ CHECK_DOCS: dict[str, str] = {
     "W003": "a stream option of an earlier version (`KICK`, `MAX_BATCHES`): ignored, remove it",
     "W004": "the partitioned archive's partitions end before the next prune run is due",
     "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
+    "W006": "a stream's database lacks migrations of django_outbox (database check: "
+    "`migrate` and `check --database` run it)",
+    "W007": "a stream's database could not be read to check its migrations",
 }
 
 #: The modules whose source holds check ids (as string literals).

@@ -64,7 +64,7 @@ def slow_record(batch: Batch) -> None:
     """
     rows = batch.rows("id")
     marker = Path(os.environ["OUTBOX_TEST_BUSY_DIR"]) / str(os.getpid())
-    marker.write_text(f"{batch.group_id} {batch.attempt} {len(rows)}")
+    marker.write_text(f"{batch.group_id} {batch.attempt} {len(rows)} {batch.stream}")
     try:
         time.sleep(0.15)
     finally:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -9,7 +10,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_outbox.exceptions import UnknownStream
-from django_outbox.replay import dead_letters, replay_failed
+from django_outbox.replay import archive_databases, dead_letters, replay_failed
 
 EXAMPLE_TIME = "2026-11-24T10:00:00+00:00"
 
@@ -57,15 +58,19 @@ class Command(BaseCommand):
                 until=_datetime("--until", options["until"]) if options["until"] else None,
                 group_id=_uuid(options["group"]) if options["group"] else None,
             )
-            if options["dry_run"]:
-                counts = dict(
-                    sorted(
-                        (s, rows.filter(stream=s).count())
-                        for s in set(rows.values_list("stream", flat=True))
+            found: Counter = Counter()
+            for alias in archive_databases(options["stream"]):  # each stream database
+                here = rows.using(alias)
+                if options["dry_run"]:
+                    found.update(
+                        {
+                            s: here.filter(stream=s).count()
+                            for s in set(here.values_list("stream", flat=True))
+                        }
                     )
-                )
-            else:
-                counts = dict(sorted(replay_failed(rows).items()))
+                else:
+                    found.update(replay_failed(here))
+            counts = dict(sorted(found.items()))
         except UnknownStream as exc:
             raise CommandError(str(exc)) from exc
         verb = "Would replay" if options["dry_run"] else "Replayed"
