@@ -34,6 +34,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _second_database_features(django_db_blocker) -> None:
+    """Django's model checks ask every database of ``DATABASES`` about its features, and
+    SQLite answers "does it store JSON?" with a query. Ask the second test database
+    (tests/test_many_databases.py) once, up front, so that a test that runs the checks
+    without declaring it is not refused that query."""
+    from django.conf import settings
+    from django.db import connections
+
+    for alias in settings.DATABASES:
+        if connections[alias].vendor == "sqlite":
+            with django_db_blocker.unblock():
+                assert connections[alias].features.supports_json_field is not None
+
+
 @pytest.fixture(autouse=True)
 def _clean_cache():
     cache.clear()
