@@ -13,6 +13,9 @@ installed.
   options (``JOBS_PER_STATEMENT`` 8). PAIRS runs of each (3 by default), alternating;
   each also reports the rate the workers' own timestamps give (first start to last
   finish), which no observer's polling can slow;
+* django-tasks-db again as an independent run measures it: N tasks enqueued first, then
+  two quiet ``db_worker`` processes (default interval) started on the backlog, PAIRS
+  times: its rate by its timestamps, and from the workers' start;
 * enqueue, one transaction per task: ``task.enqueue()`` inside ``transaction.atomic()``,
   ``min(N, SINGLE_MAX)`` times, for each backend, no worker running; ours at the
   defaults (the INSERT's own statement queues the kind's wake, a django-q2 task that
@@ -152,6 +155,35 @@ def theirs_end_to_end(n: int) -> dict[str, Any]:
     }
 
 
+def theirs_from_a_backlog(n: int) -> dict[str, Any]:
+    """django-tasks-db as an independent run measures it: *n* tasks enqueued first (one
+    transaction), then two quiet ``db_worker`` processes started; the rate by the
+    workers' own timestamps (first start to last finish), and by the clock from the
+    workers' start (their start-up included)."""
+    from django_tasks_db.models import DBTaskResult
+
+    from benchmarks.djtasks_funcs import db_noop
+
+    _clear()
+    with transaction.atomic():
+        for number in range(n):
+            db_noop.enqueue(number)
+    argv = ["db_worker", "--backend", "db", "--verbosity", "0"]
+    begin = time.perf_counter()
+    with _workers(argv, 2, "db-worker-backlog"):
+        ready = DBTaskResult.objects.filter(status="READY")
+        _wait(lambda: not ready.exists(), 1800, "django-tasks-db from a backlog")
+        done = DBTaskResult.objects.filter(status="SUCCESSFUL")
+        _wait(lambda: done.count() == n, 60, "django-tasks-db's last tasks")
+        seconds = time.perf_counter() - begin
+    return {
+        "tasks": n,
+        "seconds_from_workers_start": round(seconds, 3),
+        "tasks_per_s_from_workers_start": round(n / seconds),
+        "tasks_per_s_by_timestamps": _by_timestamps(DBTaskResult.objects.all(), n),
+    }
+
+
 def _by_timestamps(rows: Any, n: int) -> int:
     """The rate the workers' own timestamps give: *n* tasks from the first start to the
     last finish, as the database recorded them (no observer polling in the way)."""
@@ -227,6 +259,9 @@ def measure(n: int, pairs: int = PAIRS) -> dict[str, Any]:
     if connection.vendor != "postgresql":
         raise SystemExit("The django.tasks benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     runs = [(ours_end_to_end(n), theirs_end_to_end(n)) for _ in range(pairs)]
+    # The same n tasks, as an independent run measures django-tasks-db: a backlog first,
+    # then its workers (default polling interval), to reconcile the two ways.
+    backlog = [theirs_from_a_backlog(n) for _ in range(pairs)]
     ratios = sorted(ours["tasks_per_s"] / theirs["tasks_per_s"] for ours, theirs in runs)
     stamped = sorted(
         ours["tasks_per_s_by_timestamps"] / theirs["tasks_per_s_by_timestamps"]
@@ -238,6 +273,7 @@ def measure(n: int, pairs: int = PAIRS) -> dict[str, Any]:
         "end_to_end_ratio": round(statistics.median(ratios), 1),
         "end_to_end_ratios": [round(r, 1) for r in ratios],
         "end_to_end_ratio_by_timestamps": round(statistics.median(stamped), 1),
+        "django_tasks_db_from_a_backlog": backlog,
         "enqueue": enqueue_rates(n, pairs),
     }
 
