@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import statistics
 import time
 from decimal import Decimal
@@ -45,8 +46,8 @@ def _publisher(rate: float, rows_per_commit: int, seconds: float, start_at: floa
     while True:
         due = start_at + commits * interval
         now = time.time()
-        if due - start_at >= seconds:
-            break
+        if due - start_at >= seconds or now - start_at >= seconds:
+            break  # the schedule is done, or its time is up (a publisher behind it stops)
         if due > now:
             time.sleep(due - now)  # the inflow's pace
         with transaction.atomic():
@@ -91,7 +92,16 @@ def steady_latency(
     while time.time() < start_at + seconds:
         peak = max(peak, _unclaimed())
         time.sleep(0.1)  # sampling period of the backlog
-    written = sum(out.get(timeout=120) for _ in children)
+    written = 0
+    for _ in children:
+        try:
+            written += out.get(timeout=120)
+        except queue.Empty:
+            states = [(child.pid, child.exitcode) for child in children]
+            raise SystemExit(
+                f"benchmark: a publisher did not report within 120 s of its end "
+                f"(pid, exit code: {states}; a non-zero code is its crash, printed above)"
+            ) from None
     for child in children:
         child.join()
     archived = ArchivedEvent.objects.filter(stream=ORDERS)
