@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -75,9 +75,9 @@ class JobTable:
     def columns(self, names: Sequence[str]) -> list[str]:
         return [self.qn(column_name(concrete_field(self.model, name))) for name in names]
 
-    def _rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
         cursor = self._cursor()
-        cursor.execute(sql, list(params))
+        cursor.execute(sql, params if isinstance(params, Mapping) else list(params))
         return cursor.fetchall()
 
     def _cursor(self) -> Any:
@@ -524,7 +524,12 @@ class JobTable:
         """
         if starts and not token:
             raise ValueError("Starting jobs takes a fresh token (new_token()).")
-        expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
+        # Named parameters, each value once however often the SQL names it: the ids
+        # appear in ten places, and a statement of at most 50 distinct parameters has its
+        # parsed form cached by the driver (psycopg), where 140 positional ones are parsed
+        # again on every call.
+        named = _Named()
+        expiry = named.sql(*self.dialect.seconds_from_now(self.options.lease_seconds))
         now = self.now
         flush = "" if self.connection.in_atomic_block else self.dialect.no_flush_wait
         # An empty list stands as one NULL id, which matches no row.
@@ -532,68 +537,52 @@ class JobTable:
         finish_pairs = [(pk, fence) for pk, fence, _ in finishes] or none
         start_pairs = list(starts) or none
         finish_ids = [pk for pk, _ in finish_pairs]
-        done = f"id IN ({_placeholders(len(finish_ids))})"
-        extra, extra_params = "", []
+        finish_names = [named(pk) for pk in finish_ids]
+        start_names = [named(pk) for pk, _ in start_pairs]
+        done = f"id IN ({', '.join(finish_names)})"
+        extra = ""
         if self.options.result_field:
             column = self.columns([self.options.result_field])[0]
-            cases = " ".join(["WHEN id = %s THEN %s"] * len(finish_pairs))
+            results = [result for _, _, result in finishes] or [None]
+            cases = " ".join(
+                f"WHEN id = {name} THEN {named(result)}"
+                for name, result in zip(finish_names, results, strict=True)
+            )
             extra += f", {column} = CASE {cases} ELSE {column} END"
-            for pk, _, result in finishes or [(None, None, None)]:  # type: ignore[list-item]
-                extra_params += [pk, result]
         if self.options.workers_field:
             column = self.columns([self.options.workers_field])[0]
             extra += (
                 f", {column} = CASE WHEN {done} OR started_at IS NOT NULL THEN {column} "
-                f"ELSE {column} || %s END"
+                f"ELSE {column} || {named(f'{worker}{chr(10)}')} END"
             )
-            extra_params += [*finish_ids, f"{worker}\n"]
         # A running job's finished_at is NULL and a job to start has no started_at: the
         # COALESCEs keep the times of a step *resumed* after its commit went through.
-        finishing, fence_params = "state = %s", [RUNNING]
-        starting, start_params = "started_at IS NULL", []
+        finishing = f"state = {named(RUNNING)}"
+        starting = "started_at IS NULL"
         if resumed:
-            finishing, fence_params = "state IN (%s, %s)", [RUNNING, PROCESSED]
-            starting, start_params = "(started_at IS NULL OR token = %s)", [token]
+            finishing = f"state IN ({named(RUNNING)}, {named(PROCESSED)})"
+            starting = f"(started_at IS NULL OR token = {named(token)})"
+        finish_fence = _named_fence(finish_names, [f for _, f in finish_pairs], "token", named)
+        start_fence = _named_fence(start_names, [a for _, a in start_pairs], "attempt", named)
         # The conditions sit inside a CASE so that the planner finds the rows by primary
         # key: a plain "state = 'running'" lets it pick the partial index of running
         # jobs and walk all of them.
         sql = (
             f"UPDATE {self.table} SET "
-            f"state = CASE WHEN {done} THEN %s ELSE state END, "
+            f"state = CASE WHEN {done} THEN {named(PROCESSED)} ELSE state END, "
             f"finished_at = CASE WHEN {done} THEN COALESCE(finished_at, {now}) "
             "ELSE finished_at END, "
             f"last_error = CASE WHEN {done} THEN '' ELSE last_error END, "
             f"lease_expires_at = CASE WHEN {done} THEN NULL ELSE {expiry} END, "
             f"started_at = CASE WHEN {done} THEN started_at ELSE COALESCE(started_at, {now}) END, "
-            f"token = CASE WHEN {done} THEN token ELSE %s END, "
-            f"worker = CASE WHEN {done} THEN worker ELSE %s END{extra} "
-            f"WHERE id IN ({_placeholders(len(finish_pairs) + len(start_pairs))}) "
-            f"AND CASE WHEN {done} THEN {finishing} AND {_fence(finish_pairs, 'token')} "
-            f"ELSE state = %s AND {_fence(start_pairs, 'attempt')} AND {starting} END "
+            f"token = CASE WHEN {done} THEN token ELSE {named(token)} END, "
+            f"worker = CASE WHEN {done} THEN worker ELSE {named(worker)} END{extra} "
+            f"WHERE id IN ({', '.join([*finish_names, *start_names])}) "
+            f"AND CASE WHEN {done} THEN {finishing} AND {finish_fence} "
+            f"ELSE state = {named(RUNNING)} AND {start_fence} AND {starting} END "
             f"RETURNING id{flush}"
         )
-        params = [
-            *finish_ids,
-            PROCESSED,
-            *finish_ids,
-            *finish_ids,
-            *finish_ids,
-            *expiry_params,
-            *finish_ids,
-            *finish_ids,
-            token,
-            *finish_ids,
-            worker,
-            *extra_params,
-            *finish_ids,
-            *(pk for pk, _ in start_pairs),
-            *finish_ids,
-            *fence_params,
-            *(value for pair in finish_pairs for value in pair),
-            RUNNING,
-            *(value for pair in start_pairs for value in pair),
-            *start_params,
-        ]
+        params = named.params
         matched = {int(row[0]) for row in self._rows(sql, params)}
         return (
             {pk for pk in finish_ids if pk in matched},
@@ -619,6 +608,47 @@ class JobTable:
             ],
         )
         return {int(row[0]) for row in rows}
+
+
+class _Named:
+    """Named parameters for one statement: ``named(value)`` is a placeholder for
+    *value*, the same one for the same value (so the driver sends each value once)."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, Any] = {}
+        self._names: dict[tuple[type, Any], str] = {}
+
+    def __call__(self, value: Any) -> str:
+        try:
+            key: tuple[type, Any] | None = (type(value), value)
+            name = self._names.get(key)  # type: ignore[arg-type]
+        except TypeError:  # unhashable (a JSON result): a name of its own
+            key, name = None, None
+        if name is None:
+            name = f"p{len(self.params)}"
+            self.params[name] = value
+            if key is not None:
+                self._names[key] = name
+        return f"%({name})s"
+
+    def sql(self, sql: str, params: Sequence[Any]) -> str:
+        """*sql* with its positional ``%s`` parameters named."""
+        parts = sql.split("%s")
+        if len(parts) != len(params) + 1:
+            raise ValueError(f"{len(params)} parameters for {len(parts) - 1} placeholders")
+        return "".join(
+            part + (self(value) if index < len(params) else "")
+            for index, (part, value) in enumerate(zip(parts, [*params, None], strict=True))
+        )
+
+
+def _named_fence(names: Sequence[str], values: Sequence[Any], column: str, named: _Named) -> str:
+    """:func:`_fence` with named parameters: the ids' placeholders *names*."""
+    cases = " ".join(
+        f"WHEN {name} THEN {column} = {named(value)}"
+        for name, value in zip(names, values, strict=True)
+    )
+    return f"CASE id {cases} ELSE FALSE END"
 
 
 def _placeholders(count: int) -> str:
