@@ -557,10 +557,10 @@ class JobTable:
             )
         # A running job's finished_at is NULL and a job to start has no started_at: the
         # COALESCEs keep the times of a step *resumed* after its commit went through.
-        finishing = f"state = {named(RUNNING)}"
+        finishing = f"state = '{RUNNING}'"
         starting = "started_at IS NULL"
         if resumed:
-            finishing = f"state IN ({named(RUNNING)}, {named(PROCESSED)})"
+            finishing = f"state IN ('{RUNNING}', '{PROCESSED}')"
             starting = f"(started_at IS NULL OR token = {named(token)})"
         finish_fence = _named_fence(finish_names, [f for _, f in finish_pairs], "token", named)
         start_fence = _named_fence(start_names, [a for _, a in start_pairs], "attempt", named)
@@ -569,7 +569,7 @@ class JobTable:
         # jobs and walk all of them.
         sql = (
             f"UPDATE {self.table} SET "
-            f"state = CASE WHEN {done} THEN {named(PROCESSED)} ELSE state END, "
+            f"state = CASE WHEN {done} THEN '{PROCESSED}' ELSE state END, "
             f"finished_at = CASE WHEN {done} THEN COALESCE(finished_at, {now}) "
             "ELSE finished_at END, "
             f"last_error = CASE WHEN {done} THEN '' ELSE last_error END, "
@@ -579,7 +579,7 @@ class JobTable:
             f"worker = CASE WHEN {done} THEN worker ELSE {named(worker)} END{extra} "
             f"WHERE id IN ({', '.join([*finish_names, *start_names])}) "
             f"AND CASE WHEN {done} THEN {finishing} AND {finish_fence} "
-            f"ELSE state = {named(RUNNING)} AND {start_fence} AND {starting} END "
+            f"ELSE state = '{RUNNING}' AND {start_fence} AND {starting} END "
             f"RETURNING id{flush}"
         )
         params = named.params
@@ -611,24 +611,17 @@ class JobTable:
 
 
 class _Named:
-    """Named parameters for one statement: ``named(value)`` is a placeholder for
-    *value*, the same one for the same value (so the driver sends each value once)."""
+    """Named parameters for one statement: ``named(value)`` is a new placeholder for
+    *value*; the caller repeats a placeholder where the SQL names a value again (each
+    is then sent once). Values are never shared by equality: with server-side binding
+    a parameter has one type, and a NULL of one column is not a NULL of another."""
 
     def __init__(self) -> None:
         self.params: dict[str, Any] = {}
-        self._names: dict[tuple[type, Any], str] = {}
 
     def __call__(self, value: Any) -> str:
-        try:
-            key: tuple[type, Any] | None = (type(value), value)
-            name = self._names.get(key)  # type: ignore[arg-type]
-        except TypeError:  # unhashable (a JSON result): a name of its own
-            key, name = None, None
-        if name is None:
-            name = f"p{len(self.params)}"
-            self.params[name] = value
-            if key is not None:
-                self._names[key] = name
+        name = f"p{len(self.params)}"
+        self.params[name] = value
         return f"%({name})s"
 
     def sql(self, sql: str, params: Sequence[Any]) -> str:
