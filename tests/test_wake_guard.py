@@ -46,6 +46,12 @@ def a_run_in_flight() -> transport.Job:
     return job
 
 
+def statements_of(queries: CaptureQueriesContext) -> list[str]:
+    """The statements *queries* captured, without transaction control."""
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
+    return [q["sql"] for q in queries if not q["sql"].startswith(control)]
+
+
 class Publisher(threading.Thread):
     """Publish one event on a connection of its own; commit when told to."""
 
@@ -106,6 +112,22 @@ def waiting_run(monkeypatch) -> Iterator[threading.Event]:
     yield found
 
 
+@pytest.fixture
+def waiting_worker(monkeypatch) -> Iterator[threading.Event]:
+    """An event set once a worker whose chunks ended has found an enqueue in flight."""
+    found = threading.Event()
+    done = JobTable.enqueuers_done
+
+    def observed(table: JobTable, epoch: int) -> bool:
+        ended = done(table, epoch)
+        if not ended:
+            found.set()
+        return ended
+
+    monkeypatch.setattr(JobTable, "enqueuers_done", observed)
+    yield found
+
+
 @override_settings(**SMALL)
 def test_a_publish_while_a_run_is_in_flight_costs_its_insert_and_no_wake(patient):
     a_run_in_flight()
@@ -114,8 +136,7 @@ def test_a_publish_while_a_run_is_in_flight_costs_its_insert_and_no_wake(patient
         with transaction.atomic():
             publish("audit", {"n": 1})
 
-    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
-    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    statements = statements_of(queries)
     assert len(statements) == 1 and statements[0].startswith("INSERT"), statements
     assert not jobs  # the run in flight takes the row: no second run, no query
 
@@ -228,26 +249,16 @@ def test_an_enqueue_while_the_kind_is_at_its_concurrency_costs_its_insert_alone(
         with transaction.atomic():
             ThrottledJob.enqueue(key="c")
 
-    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
-    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    statements = statements_of(queries)
     assert len(statements) == 1 and statements[0].startswith("INSERT"), statements
     assert not jobs
 
 
-def test_a_worker_whose_chunks_end_waits_for_an_enqueue_that_relied_on_it(monkeypatch, patient):
+def test_a_worker_whose_chunks_end_waits_for_an_enqueue_that_relied_on_it(waiting_worker, patient):
+    found = waiting_worker
     first, second = kind_at_concurrency()
     with transport.capture():
         assert run_jobs("uniqueapp.ThrottledJob", []) == []  # the kind's state row
-    found = threading.Event()
-    done = JobTable.enqueuers_done
-
-    def observed(table: JobTable, epoch: int) -> bool:
-        ended = done(table, epoch)
-        if not ended:
-            found.set()
-        return ended
-
-    monkeypatch.setattr(JobTable, "enqueuers_done", observed)
     enqueuer = Enqueuer(1, commit_when=lambda: found.wait(WAIT))
     enqueuer.start()
     assert enqueuer.published.wait(WAIT)
@@ -275,8 +286,7 @@ def test_an_enqueue_below_concurrency_queues_its_wake_in_its_own_insert():
         with transaction.atomic():
             _, created = ThrottledJob.enqueue(key="a")
 
-    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
-    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    statements = statements_of(queries)
     assert created and len(statements) == 1, statements
     (row,) = OrmQ.objects.all()
     task = SignedPackage.loads(row.payload)
@@ -304,11 +314,6 @@ def take(row: OrmQ) -> dict:
     django-q2's retry period (it is no longer waiting), and read its package."""
     OrmQ.objects.filter(id=row.id).update(lock=timezone.now() + timedelta(seconds=60))
     return SignedPackage.loads(row.payload)
-
-
-def statements_of(queries: CaptureQueriesContext) -> list[str]:
-    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
-    return [q["sql"] for q in queries if not q["sql"].startswith(control)]
 
 
 def test_enqueues_while_the_wake_waits_untaken_rely_on_it_and_queue_no_other():
@@ -358,22 +363,15 @@ def test_an_enqueue_after_the_wake_was_taken_queues_a_wake_of_its_own():
     assert OrmQ.objects.count() == 1
 
 
-def test_the_worker_that_took_the_wake_waits_for_an_enqueue_that_relied_on_it(monkeypatch, patient):
+def test_the_worker_that_took_the_wake_waits_for_an_enqueue_that_relied_on_it(
+    waiting_worker, patient
+):
     """An enqueue found the wake untaken and relied on it; the worker took the wake and
     dispatched before that enqueue committed. Its end waits for the enqueue and runs its
     job (without the wait the job would be left to the schedule)."""
+    found = waiting_worker
     with transaction.atomic():
         ThrottledJob.enqueue(key="a")
-    found = threading.Event()
-    done = JobTable.enqueuers_done
-
-    def observed(table: JobTable, epoch: int) -> bool:
-        ended = done(table, epoch)
-        if not ended:
-            found.set()
-        return ended
-
-    monkeypatch.setattr(JobTable, "enqueuers_done", observed)
     enqueuer = Enqueuer(1, commit_when=lambda: found.wait(WAIT), capture=False)
     enqueuer.start()
     assert enqueuer.published.wait(WAIT)  # inserted, relying on the untaken wake

@@ -561,8 +561,8 @@ class JobTable:
         if resumed:
             finishing = f"state IN ('{RUNNING}', '{PROCESSED}')"
             starting = f"(started_at IS NULL OR token = {named(token)})"
-        finish_fence = _named_fence(finish_names, [f for _, f in finish_pairs], "token", named)
-        start_fence = _named_fence(start_names, [a for _, a in start_pairs], "attempt", named)
+        finish_fence = _fence(finish_names, [f for _, f in finish_pairs], "token", named)
+        start_fence = _fence(start_names, [a for _, a in start_pairs], "attempt", named)
         # The conditions sit inside a CASE so that the planner finds the rows by primary
         # key: a plain "state = 'running'" lets it pick the partial index of running
         # jobs and walk all of them.
@@ -593,18 +593,16 @@ class JobTable:
         from now; return the ids still ours (the others' lease is lost)."""
         if not jobs:
             return set()
-        expiry, expiry_params = self.dialect.seconds_from_now(self.options.lease_seconds)
+        named = _Named()
+        expiry = named.sql(*self.dialect.seconds_from_now(self.options.lease_seconds))
+        names = [named(pk) for pk, _ in jobs]
+        fence = _fence(names, [value for _, value in jobs], "token", named)
         rows = self._rows(
             f"UPDATE {self.table} SET lease_expires_at = {expiry} "
-            f"WHERE id IN ({_placeholders(len(jobs))}) "
-            f"AND CASE WHEN id IS NOT NULL THEN state = %s AND {_fence(jobs, 'token')} END "
+            f"WHERE id IN ({', '.join(names)}) "
+            f"AND CASE WHEN id IS NOT NULL THEN state = '{RUNNING}' AND {fence} END "
             "RETURNING id",
-            [
-                *expiry_params,
-                *(pk for pk, _ in jobs),
-                RUNNING,
-                *(value for pair in jobs for value in pair),
-            ],
+            named.params,
         )
         return {int(row[0]) for row in rows}
 
@@ -634,20 +632,11 @@ class _Named:
         )
 
 
-def _named_fence(names: Sequence[str], values: Sequence[Any], column: str, named: _Named) -> str:
-    """:func:`_fence` with named parameters: the ids' placeholders *names*."""
+def _fence(names: Sequence[str], values: Sequence[Any], column: str, named: _Named) -> str:
+    """SQL true for a row whose id is one of the placeholders *names* and whose *column*
+    (``attempt`` or ``token``) is the value of *values* at the same place."""
     cases = " ".join(
         f"WHEN {name} THEN {column} = {named(value)}"
         for name, value in zip(names, values, strict=True)
     )
     return f"CASE id {cases} ELSE FALSE END"
-
-
-def _placeholders(count: int) -> str:
-    return ", ".join(["%s"] * count)
-
-
-def _fence(jobs: Sequence[tuple[Any, Any]], column: str) -> str:
-    """SQL true for a row whose id and *column* (``attempt`` or ``token``) are one of
-    *jobs*, (id, value) pairs (the parameters follow in that order)."""
-    return f"CASE id {' '.join([f'WHEN %s THEN {column} = %s'] * len(jobs))} ELSE FALSE END"
