@@ -8,7 +8,8 @@
   observed state, and fails at once if a watched child died;
 * :func:`in_forked_child` runs a function in a child forked from the test process, and
   :func:`held` holds a lock from another thread meanwhile;
-* :func:`claim_until_empty` is the body of a concurrent claimer process.
+* :func:`claim_until_empty` is the body of a concurrent claimer process;
+* :func:`kill_one_in_handler` SIGKILLs a worker caught in a crash handler.
 """
 
 from __future__ import annotations
@@ -207,6 +208,32 @@ def wait_until(
                 f"condition not met within {timeout:.0f}s; last state: "
                 f"{describe() if describe else '(no description)'}"
             )
+        time.sleep(interval)
+
+
+def kill_one_in_handler(
+    busy: Path, rng: Any, within: float = 0.0, interval: float = 0.01
+) -> int | None:
+    """SIGKILL one worker found in its handler, waiting up to *within* seconds for one.
+
+    The crash handlers write a marker named after their worker's pid into *busy* while
+    they run; the marker is removed here (a killed worker cannot remove its own). Returns
+    the killed pid, or None when no worker was in its handler within the time (or the
+    one chosen finished in between).
+    """
+    deadline = time.monotonic() + within
+    while True:
+        in_handler = sorted(busy.iterdir())
+        if in_handler:
+            marker = rng.choice(in_handler)
+            marker.unlink(missing_ok=True)
+            try:
+                os.kill(int(marker.name), signal.SIGKILL)
+            except ProcessLookupError:
+                return None  # it finished (and was recycled) in between
+            return int(marker.name)
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(interval)
 
 

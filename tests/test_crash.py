@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 
 import pytest
@@ -14,7 +12,7 @@ from django.test import override_settings
 from django_outbox import publish_many
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
-from tests.procs import running
+from tests.procs import kill_one_in_handler, running
 
 pytestmark = [pytest.mark.postgres, pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -52,16 +50,10 @@ def test_sigkilled_workers_lose_and_duplicate_nothing(tmp_path):
                     published |= {row.id for row in OutboxEvent.objects.bulk_create(rows)}
                 assert time.monotonic() - started < 240, "the crash run did not drain"
                 distribute("crash")  # plays the schedule, fast: rescues expired leases
-                in_handler = sorted(busy.iterdir())
-                if kills < KILLS and in_handler:
-                    marker = rng.choice(in_handler)
-                    marker.unlink()  # a killed worker cannot remove its own marker
-                    try:
-                        os.kill(int(marker.name), signal.SIGKILL)
-                        kills += 1
-                    except ProcessLookupError:
-                        pass  # it finished and was recycled in between
-                time.sleep(0.4)
+                if kills < KILLS:
+                    kills += kill_one_in_handler(busy, rng, within=0.4) is not None
+                else:
+                    time.sleep(0.4)
         drained = time.monotonic() - started
 
     archived = list(ArchivedEvent.objects.filter(stream="crash").values_list("event_id", "outcome"))

@@ -7,9 +7,7 @@ archive latency is printed; its target (p99 within 1 s) is measured by the bench
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import statistics
 import time
 
@@ -21,7 +19,14 @@ from django_outbox import publish
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
 from marketing.models import ContactActivity, ContactActivityEvent, Lead
-from tests.procs import fail_on_queue_failures, log_problems, qcluster, running, wait_until
+from tests.procs import (
+    fail_on_queue_failures,
+    kill_one_in_handler,
+    log_problems,
+    qcluster,
+    running,
+    wait_until,
+)
 from tests.test_cluster import assert_archived_once_done, pipeline_state
 from tests.test_crash import crash_settings
 
@@ -82,15 +87,7 @@ def test_sigkilled_workers_during_a_steady_inflow_lose_and_duplicate_nothing(tmp
                 publish("crash", {"n": n})
             if n % 50 == 49:
                 distribute("crash")
-                in_handler = sorted(busy.iterdir())
-                if in_handler:
-                    marker = rng.choice(in_handler)
-                    marker.unlink()  # a killed worker cannot remove its own marker
-                    try:
-                        os.kill(int(marker.name), signal.SIGKILL)
-                        kills += 1
-                    except ProcessLookupError:
-                        pass  # it finished in between
+                kills += kill_one_in_handler(busy, rng) is not None
         started = time.monotonic()
         while OutboxEvent.objects.exists() or OutboxGroup.objects.exists():
             assert time.monotonic() - started < 240, "the inflow did not drain"
