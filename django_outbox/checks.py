@@ -38,6 +38,7 @@ from django_outbox.db.dialect import supported
 from django_outbox.models import ArchivedEvent, BufferEvent, OutboxEvent, StagedJob
 from django_outbox.options import OptionTable, Problem, is_positive_int, is_positive_number
 from django_outbox.partitions import archive_partitioning
+from django_outbox.routing import on_database
 from django_outbox.transport import cluster_options
 
 
@@ -530,17 +531,32 @@ def unapplied_migrations(connection: Any) -> list[str]:
 def check_archive_partitions(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """A partitioned archive records a valid interval and has partitions for now and ahead."""
-    alias = router.db_for_write(ArchivedEvent)
-    if not databases or alias not in databases:
-        return []
+    """A partitioned archive records a valid interval and has partitions for now and ahead,
+    on every database that holds a stream's archive."""
+    messages: list[CheckMessage] = []
+    for alias in archive_databases():
+        if databases and alias in databases:
+            messages.extend(_check_archive_partitions(alias))
+    return messages
+
+
+def archive_databases() -> list[str]:
+    """The databases that hold an archive: each stream's, and the router's (settings order)."""
+    aliases = [*stream_databases(), router.db_for_write(ArchivedEvent)]
+    return [alias for alias in dict.fromkeys(aliases) if alias in settings.DATABASES]
+
+
+def _check_archive_partitions(alias: str) -> list[CheckMessage]:
     prune = "Run manage.py outbox_prune (it creates the partitions ahead) and keep the "
     try:
-        state = archive_partitioning()
+        with on_database(alias):
+            state = archive_partitioning()
+    except DatabaseError:
+        return []  # W007 reports a stream database that does not answer
     except ValueError as error:
         return [
             Error(
-                f"The partitioned archive records no valid interval: {error}",
+                f"The partitioned archive of database {alias!r} records no valid interval: {error}",
                 hint="Set the comment of the archive table back with the migration "
                 "operation PartitionArchive, or comment it "
                 "'django_outbox partitioned archive, interval 1 day'.",
@@ -557,9 +573,9 @@ def check_archive_partitions(
         if partition is None:
             messages.append(
                 Error(
-                    f"The partitioned archive has no partition for {outcome} rows archived "
-                    "now: finalizing a group fails (its rows stay in the buffer) until one "
-                    "exists.",
+                    f"The partitioned archive of database {alias!r} has no partition for "
+                    f"{outcome} rows archived now: finalizing a group of its streams fails "
+                    "(their rows stay in the buffer) until one exists.",
                     hint=prune + "django_outbox:prune schedule running (outbox_schedules).",
                     id="django_outbox.E091",
                 )
@@ -570,8 +586,8 @@ def check_archive_partitions(
         if partition is None:
             messages.append(
                 Warning(
-                    f"The partitioned archive's {outcome} partitions end before the next "
-                    "prune run is due.",
+                    f"The {outcome} partitions of the partitioned archive of database "
+                    f"{alias!r} end before the next prune run is due.",
                     hint=prune + "django_outbox:prune schedule running (outbox_schedules).",
                     id="django_outbox.W004",
                 )

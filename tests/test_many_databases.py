@@ -28,6 +28,7 @@ from django_outbox.admin import throughput
 from django_outbox.batch import Batch
 from django_outbox.checks import unapplied_migrations
 from django_outbox.conf import get_stream, stream_database, stream_databases
+from django_outbox.db import partitions as sql
 from django_outbox.distribute import distribute
 from django_outbox.inline import run_inline
 from django_outbox.models import (
@@ -39,6 +40,7 @@ from django_outbox.models import (
     StagedJob,
     StreamState,
 )
+from django_outbox.partitions import archive_partitioning
 from django_outbox.prune import prune_all
 from django_outbox.replay import dead_letters, replay_failed
 from django_outbox.runs import set_paused
@@ -48,7 +50,14 @@ from django_outbox.steer import release_keys
 from tests.conftest import InlineRunner, unwoken
 from tests.docs_examples import many_databases
 from tests.test_metrics import samples
-from tests.test_partitions import ago, archived, backfill, partitioned  # noqa: F401
+from tests.test_partitions import (  # noqa: F401
+    TABLE,
+    ago,
+    apply,
+    archived,
+    backfill,
+    partitioned,
+)
 from tests.testapp.models import Attachment, HandledCall, JobEffect, OrderedEvent
 
 BOTH = ["default", "other"]
@@ -451,6 +460,46 @@ def test_a_partitioned_archive_on_one_database_leaves_the_others_pruned_row_by_r
     assert "archive audit done (older than 30 days)" not in results  # whole partitions
     assert on("other", ArchivedEvent) == 0
     assert on("default", ArchivedEvent) == 0
+
+
+@pytest.fixture
+def other_partitioned() -> Any:
+    """The ``other`` database's archive partitioned by day, reverted after."""
+    with connections["other"].schema_editor() as editor:
+        apply(editor, forwards=True)
+    yield
+    if sql.is_partitioned(connections["other"], ArchivedEvent._meta.db_table):
+        with connections["other"].schema_editor() as editor:
+            apply(editor, forwards=False)
+
+
+@pytest.mark.postgres
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_the_partition_checks_read_the_archive_of_every_stream_database(other_partitioned):
+    assert _messages(databases=BOTH, tags=["database"]) == []
+    with stream_database("remote"):
+        today = archive_partitioning().covering("done", now())
+    with connections["other"].cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {TABLE}_done DETACH PARTITION {today.name}")
+        cursor.execute(f"DROP TABLE {today.name}")
+
+    assert _messages(databases=BOTH, tags=["database"]) == [
+        (
+            "django_outbox.E091",
+            "The partitioned archive of database 'other' has no partition for done rows "
+            "archived now: finalizing a group of its streams fails (their rows stay in the "
+            "buffer) until one exists.",
+        )
+    ]
+    assert _messages(databases=["default"], tags=["database"]) == []  # migrate --database
+
+    prune_all()  # creates the partitions ahead on every stream database
+    assert _messages(databases=BOTH, tags=["database"]) == []
+    with connections["other"].cursor() as cursor:
+        cursor.execute(f"COMMENT ON TABLE {TABLE} IS 'hand-edited'")
+    [(check, message)] = _messages(databases=BOTH, tags=["database"])
+    assert check == "django_outbox.E090"
+    assert message.startswith("The partitioned archive of database 'other' records no valid")
 
 
 @override_settings(DJANGO_OUTBOX=two_streams())

@@ -366,12 +366,15 @@ CHECK_DOCS: dict[str, str] = {
     "not installed",
     "E085": "an unknown or bad option in a `TASKS` alias's `OPTIONS`",
     "E086": "two `TASKS` aliases of the backend set an option differently",
-    "E090": "the partitioned archive's table records no valid interval",
-    "E091": "the partitioned archive has no partition for rows archived now",
+    "E090": "the partitioned archive's table records no valid interval (on any database "
+    "that holds a stream; the message names it)",
+    "E091": "the partitioned archive has no partition for rows archived now (on any database "
+    "that holds a stream; the message names it)",
     "W001": 'a SQLite database without `"transaction_mode": "IMMEDIATE"`',
     "W002": '`CLUSTER` names a cluster missing from `Q_CLUSTER["ALT_CLUSTERS"]`',
     "W003": "a stream option of an earlier version (`KICK`, `MAX_BATCHES`): ignored, remove it",
-    "W004": "the partitioned archive's partitions end before the next prune run is due",
+    "W004": "the partitioned archive's partitions end before the next prune run is due (on "
+    "any database that holds a stream; the message names it)",
     "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
     "W006": "a stream's database lacks migrations of django_outbox (database check: "
     "`migrate` and `check --database` run it)",
