@@ -6,6 +6,10 @@ all day. PostgreSQL's default autovacuum trigger is a fraction of the table's si
 reaches late and at random. The recommendation for such tables is a fixed threshold and
 a zero scale factor, so autovacuum follows the churn, not the size. Tables that only
 grow and are pruned (archive, idempotency keys) keep PostgreSQL's defaults.
+
+Each table is reported on every database that holds it: a stream's buffer on the
+stream's database, the library's stream tables (groups, state, archive, staged jobs) on
+every stream database and the router's, the other tables where the router sends them.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, router
 
-from django_outbox.conf import outbox_settings
-from django_outbox.db import connection_for, dialect_for, stream_buffer
+from django_outbox.conf import outbox_settings, stream_databases
+from django_outbox.db import dialect_of, stream_buffer
 from django_outbox.db import tune as sql
 from django_outbox.db.base import Move
 from django_outbox.models import ArchivedEvent, IdempotencyKey, OutboxGroup, StagedJob, StreamState
@@ -50,33 +54,51 @@ class OwnedTable:
     role: str
     model: type[models.Model]
     recommended: dict[str, str] = field(default_factory=dict)
+    database: str = "default"
 
     @property
     def table(self) -> str:
         return self.model._meta.db_table
 
 
-def owned_tables() -> list[OwnedTable]:
-    """Every table the app owns or is bound to, each once, with its recommendation."""
-    tables: dict[str, OwnedTable] = {}
+def owned_tables(database: str | None = None) -> list[OwnedTable]:
+    """Every table the app owns or is bound to, once on each database that holds it, with
+    its recommendation (on *database* only, when given)."""
+    tables: dict[tuple[str, str], OwnedTable] = {}
+    stream_aliases = list(stream_databases())
 
-    def add(role: str, model: type[models.Model], recommended: dict[str, str]) -> None:
-        label = model._meta.label
-        if label in tables:
-            tables[label] = OwnedTable(f"{tables[label].role}, {role}", model, recommended)
-        else:
-            tables[label] = OwnedTable(role, model, recommended)
+    def add(
+        role: str,
+        model: type[models.Model],
+        recommended: dict[str, str],
+        aliases: list[str] | None = None,
+    ) -> None:
+        for alias in dict.fromkeys(aliases or [router.db_for_write(model)]):
+            if alias not in connections.settings or database not in (None, alias):
+                continue  # an alias DATABASES lacks is check E025
+            key = (alias, model._meta.label)
+            if key in tables:
+                role_of = f"{tables[key].role}, {role}"
+                tables[key] = OwnedTable(role_of, model, recommended, alias)
+            else:
+                tables[key] = OwnedTable(role, model, recommended, alias)
 
     for stream in outbox_settings().streams.values():
-        add(f"buffer of {stream.name}", stream.model_class, CHURN_PARAMETERS)
-    add("groups", OutboxGroup, SMALL_CHURN_PARAMETERS)
-    add("stream state", StreamState, {})
-    add("archive", ArchivedEvent, {})
-    add("staged jobs", StagedJob, CHURN_PARAMETERS)
+        add(f"buffer of {stream.name}", stream.model_class, CHURN_PARAMETERS, [stream.alias])
+    # The library's stream tables: on every stream database, and the router's.
+    library: list[tuple[str, type[models.Model], dict[str, str]]] = [
+        ("groups", OutboxGroup, SMALL_CHURN_PARAMETERS),
+        ("stream state", StreamState, {}),
+        ("archive", ArchivedEvent, {}),
+        ("staged jobs", StagedJob, CHURN_PARAMETERS),
+    ]
+    for role, model, recommended in library:
+        add(role, model, recommended, [*stream_aliases, router.db_for_write(model)])
     add("idempotency keys", IdempotencyKey, {})
-    for model in all_kinds():
-        add(f"unique jobs {model._meta.label}", model, SMALL_CHURN_PARAMETERS)
-    return list(tables.values())
+    for kind in all_kinds():
+        add(f"unique jobs {kind._meta.label}", kind, SMALL_CHURN_PARAMETERS)
+    order = {alias: n for n, alias in enumerate(connections)}
+    return sorted(tables.values(), key=lambda t: order.get(t.database, len(order)))
 
 
 @dataclass
@@ -94,6 +116,11 @@ class TableReport:
     recommended: dict[str, str]
     missing: dict[str, str]
 
+    @property
+    def label(self) -> str:
+        """The table, its role and its database, as problem lines name it."""
+        return f"{self.table} ({self.role}) on database {self.database!r}"
+
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -104,15 +131,16 @@ def _recommended(owned: OwnedTable, version: int) -> dict[str, str]:
     return {k: v for k, v in owned.recommended.items() if "_insert_" not in k}
 
 
-def postgres_tables() -> list[OwnedTable]:
-    return [t for t in owned_tables() if dialect_for(t.model).tunable]
+def postgres_tables(database: str | None = None) -> list[OwnedTable]:
+    return [t for t in owned_tables(database) if dialect_of(connections[t.database]).tunable]
 
 
-def report() -> list[TableReport]:
-    """The health of every PostgreSQL table of the app (tables not yet created are left out)."""
+def report(database: str | None = None) -> list[TableReport]:
+    """The health of every PostgreSQL table of the app on every database that holds it
+    (on *database* only, when given; tables not yet created are left out)."""
     reports = []
-    for owned in postgres_tables():
-        connection = connection_for(owned.model)
+    for owned in postgres_tables(database):
+        connection = connections[owned.database]
         stats = sql.table_stats(connection, owned.table)
         if stats is None:
             continue
@@ -146,9 +174,10 @@ class ServerReport:
         return asdict(self)
 
 
-def servers() -> list[ServerReport]:
-    """The autovacuum settings of every PostgreSQL database that holds a table of the app."""
-    aliases = dict.fromkeys(connection_for(t.model).alias for t in postgres_tables())
+def servers(database: str | None = None) -> list[ServerReport]:
+    """The autovacuum settings of every PostgreSQL database that holds a table of the app
+    (of *database* only, when given)."""
+    aliases = dict.fromkeys(t.database for t in postgres_tables(database))
     return [ServerReport(alias, sql.server_settings(connections[alias])) for alias in aliases]
 
 
@@ -156,15 +185,15 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def apply() -> list[str]:
-    """Set the missing recommended parameters; return one line per table changed."""
+def apply(database: str | None = None) -> list[str]:
+    """Set the missing recommended parameters (on *database* only, when given); return
+    one line per table changed."""
     changes = []
-    for table in report():
+    for table in report(database):
         if table.missing:
-            owned_model = next(t.model for t in postgres_tables() if t.table == table.table)
-            sql.set_parameters(connection_for(owned_model), table.table, table.missing)
+            sql.set_parameters(connections[table.database], table.table, table.missing)
             settings = ", ".join(f"{k}={v}" for k, v in table.missing.items())
-            changes.append(f"{table.table}: set {settings}")
+            changes.append(f"{table.table} on database {table.database!r}: set {settings}")
     return changes
 
 
@@ -195,19 +224,19 @@ def problems(
     for table in reports:
         if table.options.get("autovacuum_enabled") in ("false", "off", "0"):
             lines.append(
-                f"{table.table} ({table.role}): autovacuum is disabled for this table "
+                f"{table.label}: autovacuum is disabled for this table "
                 "(autovacuum_enabled=false); run ALTER TABLE "
                 f"{table.table} RESET (autovacuum_enabled)."
             )
         if table.dead_tuples >= min_dead and table.dead_ratio > max_dead_ratio:
             lines.append(
-                f"{table.table} ({table.role}): {table.dead_ratio:.0%} dead tuples "
+                f"{table.label}: {table.dead_ratio:.0%} dead tuples "
                 f"({table.dead_tuples:,} dead, {table.live_tuples:,} live), above "
                 f"{max_dead_ratio:.0%}; autovacuum is not keeping up."
             )
         if table.missing:
             lines.append(
-                f"{table.table} ({table.role}): autovacuum parameters not tuned, missing "
+                f"{table.label}: autovacuum parameters not tuned, missing "
                 + ", ".join(f"{k}={v}" for k, v in table.missing.items())
                 + "; run manage.py outbox_tune --apply."
             )
@@ -224,14 +253,19 @@ class Statement:
     table: str
     sql: str
     params: list[Any]
+    database: str = "default"
 
 
-def pipeline_statements() -> list[Statement]:
-    """The claim, group-fetch and finalize statements of every PostgreSQL stream."""
+def pipeline_statements(database: str | None = None) -> list[Statement]:
+    """The claim, group-fetch and finalize statements of every PostgreSQL stream (of the
+    streams on *database* only, when given), each on its stream's database."""
     statements = []
     for stream in outbox_settings().streams.values():
         model = stream.model_class
-        if not dialect_for(model).tunable:
+        alias = stream.alias
+        if (database is not None and alias != database) or not dialect_of(
+            connections[alias]
+        ).tunable:
             continue
         ops = stream_buffer(stream)
         group = uuid.uuid4()
@@ -244,8 +278,9 @@ def pipeline_statements() -> list[Statement]:
                 table,
                 claim_sql,
                 [ops.group_param(group), *claim_params, stream.batch_size],
+                alias,
             ),
-            Statement(stream.name, "group fetch", table, *ops.group_fetch_sql(group)),
+            Statement(stream.name, "group fetch", table, *ops.group_fetch_sql(group), alias),
             Statement(
                 stream.name,
                 "finalize",
@@ -253,6 +288,7 @@ def pipeline_statements() -> list[Statement]:
                 *ops.move_statements(group, Move(stream.name, "done", 1, archive=stream.archive))[
                     -1
                 ],
+                alias,
             ),
         ]
     return statements
@@ -260,13 +296,11 @@ def pipeline_statements() -> list[Statement]:
 
 def plan(statement: Statement) -> dict[str, Any]:
     """The JSON plan of *statement* (EXPLAIN without ANALYZE: nothing is executed)."""
-    model = outbox_settings().stream(statement.stream).model_class
-    return sql.explain(connection_for(model), statement.sql, statement.params)
+    return sql.explain(connections[statement.database], statement.sql, statement.params)
 
 
 def plan_text(statement: Statement) -> str:
-    model = outbox_settings().stream(statement.stream).model_class
-    return sql.explain_text(connection_for(model), statement.sql, statement.params)
+    return sql.explain_text(connections[statement.database], statement.sql, statement.params)
 
 
 def scans(node: dict[str, Any]) -> Iterator[tuple[str, str, str | None]]:

@@ -8,6 +8,7 @@ database (``other``, see tests/settings.py) is created only for the tests here.
 from __future__ import annotations
 
 import io
+import json
 from datetime import timedelta
 from typing import Any
 from unittest import mock
@@ -24,6 +25,7 @@ from django.urls import reverse
 from django.utils.timezone import now
 
 from django_outbox import publish, publish_many, transport
+from django_outbox import tune as tune_module
 from django_outbox.admin import throughput
 from django_outbox.batch import Batch
 from django_outbox.checks import unapplied_migrations
@@ -47,6 +49,7 @@ from django_outbox.runs import set_paused
 from django_outbox.staging import drain_until_empty, stage_task, staging_databases
 from django_outbox.status import all_statuses
 from django_outbox.steer import release_keys
+from django_outbox.tune import CHURN_PARAMETERS
 from tests.conftest import InlineRunner, unwoken
 from tests.docs_examples import many_databases
 from tests.test_metrics import samples
@@ -500,6 +503,56 @@ def test_the_partition_checks_read_the_archive_of_every_stream_database(other_pa
     [(check, message)] = _messages(databases=BOTH, tags=["database"])
     assert check == "django_outbox.E090"
     assert message.startswith("The partitioned archive of database 'other' records no valid")
+
+
+def tune(*args: str) -> str:
+    out = io.StringIO()
+    call_command("outbox_tune", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def untuned() -> Any:
+    """Reset, after the test, the autovacuum parameters outbox_tune --apply sets."""
+    yield
+    names = ", ".join(CHURN_PARAMETERS)
+    for alias in BOTH:
+        with connections[alias].cursor() as cursor:
+            for table in ("django_outbox_outboxevent", "django_outbox_outboxgroup"):
+                cursor.execute(f"ALTER TABLE {table} RESET ({names})")
+
+
+@pytest.mark.postgres
+@override_settings(DJANGO_OUTBOX=two_streams())
+def test_outbox_tune_reports_the_tables_and_server_of_every_stream_database(untuned):
+    data = json.loads(tune("--json", "--explain"))
+    assert [server["database"] for server in data["servers"]] == BOTH
+    tables = {(t["database"], t["table"]): t["role"] for t in data["tables"]}
+    assert tables[("default", "django_outbox_outboxevent")] == "buffer of audit"
+    assert tables[("other", "django_outbox_outboxevent")] == "buffer of remote"
+    for table in ("outboxgroup", "streamstate", "archivedevent", "stagedjob"):
+        assert ("default", f"django_outbox_{table}") in tables
+        assert ("other", f"django_outbox_{table}") in tables
+    assert ("other", "django_outbox_idempotencykey") not in tables  # the router's only
+    assert {(p["stream"], p["database"]) for p in data["plans"]} == {
+        ("audit", "default"),
+        ("remote", "other"),
+    }
+
+    out = tune()
+    assert "database other: autovacuum " in out
+    assert [line.split()[:2] for line in out.splitlines() if "buffer of remote" in line] == [
+        ["other", "django_outbox_outboxevent"]
+    ]
+
+    only = tune("--database", "other", "--explain", "--apply")
+    assert "django_outbox_outboxevent on database 'other': set " in only
+    assert "database 'default'" not in only and "database default:" not in only
+    assert "-- remote: claim (database other)" in only and "-- audit:" not in only
+    [buffer] = [r for r in tune_module.report() if r.role == "buffer of remote"]
+    assert buffer.database == "other" and buffer.missing == {}
+    [buffer] = [r for r in tune_module.report() if r.role == "buffer of audit"]
+    assert buffer.database == "default" and buffer.missing != {}
 
 
 @override_settings(DJANGO_OUTBOX=two_streams())

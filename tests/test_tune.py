@@ -62,7 +62,12 @@ def test_on_sqlite_it_says_postgresql_only_and_exits_0(vendor):
 
 @pytest.mark.parametrize(
     "args",
-    [["--max-dead-ratio", "2"], ["--max-dead-ratio", "lots"], ["--min-dead", "-1"]],
+    [
+        ["--max-dead-ratio", "2"],
+        ["--max-dead-ratio", "lots"],
+        ["--min-dead", "-1"],
+        ["--database", "nowhere"],
+    ],
 )
 def test_bad_arguments_are_a_command_error_and_change_nothing(args):
     with pytest.raises(CommandError):
@@ -105,7 +110,10 @@ def test_check_lists_untuned_tables_apply_fixes_them_once(postgres):
 
     code, out, _ = run("--apply")
     assert code == 0
-    assert "django_outbox_outboxevent: set autovacuum_vacuum_scale_factor=0, " in out
+    assert (
+        "django_outbox_outboxevent on database 'default': set autovacuum_vacuum_scale_factor=0, "
+        in out
+    )
     buffer = next(r for r in tune.report() if r.table == "django_outbox_outboxevent")
     assert buffer.options["autovacuum_vacuum_scale_factor"] == "0"
     assert buffer.options["autovacuum_vacuum_threshold"] == "5000"
@@ -140,11 +148,14 @@ def test_check_reports_a_table_full_of_dead_tuples(postgres):
     assert code == 1
     disabled, ratio = table_lines(err)
     assert disabled == (
-        "django_outbox_outboxevent (buffer of audit): autovacuum is disabled for this table "
+        "django_outbox_outboxevent (buffer of audit) on database 'default': autovacuum is "
+        "disabled for this table "
         "(autovacuum_enabled=false); run ALTER TABLE django_outbox_outboxevent RESET "
         "(autovacuum_enabled)."
     )
-    assert ratio.startswith("django_outbox_outboxevent (buffer of audit): 67% dead tuples")
+    assert ratio.startswith(
+        "django_outbox_outboxevent (buffer of audit) on database 'default': 67% dead tuples"
+    )
     assert table_lines(run("--check", "--max-dead-ratio", "0.7")[2]) == [disabled]
 
 
@@ -200,7 +211,7 @@ def test_explain_prints_the_plan_of_each_pipeline_statement(postgres):
     assert code == 0
     for stream in ("audit", "marketing"):
         for name in ("claim", "group fetch", "finalize"):
-            assert f"-- {stream}: {name}\n" in out
+            assert f"-- {stream}: {name} (database default)\n" in out
     assert "LockRows" in out  # the claim's FOR UPDATE SKIP LOCKED
 
 

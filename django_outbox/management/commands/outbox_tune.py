@@ -5,6 +5,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from django_outbox import tune
 
@@ -36,7 +37,8 @@ class Command(BaseCommand):
     help = (
         "PostgreSQL health of the app's tables: size, live and dead tuples, last "
         "autovacuum/autoanalyze, autovacuum parameters; --apply sets the recommended "
-        "parameters, --check exits 1 on problems, --explain prints the pipeline's plans."
+        "parameters, --check exits 1 on problems, --explain prints the pipeline's plans. "
+        "Every database that holds a stream or a table of the app; --database: one."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -53,6 +55,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--json", action="store_true", help="Machine-readable output.")
         parser.add_argument(
+            "--database",
+            help="Only this database alias (default: every database that holds a table "
+            "of the app).",
+        )
+        parser.add_argument(
             "--max-dead-ratio",
             type=_ratio,
             default=0.2,
@@ -66,19 +73,22 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not tune.postgres_tables():
+        database = options["database"]
+        if database is not None and database not in connections.settings:
+            raise CommandError(f"{database!r} is not a database of settings.DATABASES.")
+        if not tune.postgres_tables(database):
             self.stdout.write("outbox_tune applies to PostgreSQL only; nothing to do here.")
             return
-        changes = tune.apply() if options["apply"] else []
-        reports = tune.report()
-        servers = tune.servers()
+        changes = tune.apply(database) if options["apply"] else []
+        reports = tune.report(database)
+        servers = tune.servers(database)
         found = tune.problems(
             reports,
             max_dead_ratio=options["max_dead_ratio"],
             min_dead=options["min_dead"],
             server_reports=servers,
         )
-        statements = tune.pipeline_statements() if options["explain"] else []
+        statements = tune.pipeline_statements(database) if options["explain"] else []
         if options["json"]:
             data: dict[str, Any] = {
                 "servers": [s.as_json() for s in servers],
@@ -88,7 +98,12 @@ class Command(BaseCommand):
             }
             if statements:
                 data["plans"] = [
-                    {"stream": s.stream, "statement": s.name, "plan": tune.plan(s)}
+                    {
+                        "stream": s.stream,
+                        "database": s.database,
+                        "statement": s.name,
+                        "plan": tune.plan(s),
+                    }
                     for s in statements
                 ]
             self.stdout.write(json.dumps(data, indent=2, default=str))
@@ -99,7 +114,9 @@ class Command(BaseCommand):
                 self.stdout.write(_server_line(server))
             self._table(reports)
             for statement in statements:
-                self.stdout.write(f"\n-- {statement.stream}: {statement.name}")
+                self.stdout.write(
+                    f"\n-- {statement.stream}: {statement.name} (database {statement.database})"
+                )
                 self.stdout.write(tune.plan_text(statement))
         if options["check"]:
             if found:
@@ -110,16 +127,18 @@ class Command(BaseCommand):
                 self.stdout.write("No problems found.")
 
     def _table(self, reports: list[tune.TableReport]) -> None:
+        width = max([len("database"), *(len(r.database) for r in reports)])
         header = (
-            f"{'table':<36} {'size':>10} {'live':>10} {'dead':>9} {'dead%':>6} "
-            f"{'last autovacuum':<20} {'tuned':<5} role"
+            f"{'database':<{width}} {'table':<36} {'size':>10} {'live':>10} {'dead':>9} "
+            f"{'dead%':>6} {'last autovacuum':<20} {'tuned':<5} role"
         )
         self.stdout.write(header)
         for r in reports:
             vacuumed = (r.last_autovacuum or "never")[:19]
             tuned = "-" if not r.recommended else ("yes" if not r.missing else "no")
             self.stdout.write(
-                f"{r.table:<36} {_size(r.total_bytes):>10} {r.live_tuples:>10,} "
+                f"{r.database:<{width}} {r.table:<36} {_size(r.total_bytes):>10} "
+                f"{r.live_tuples:>10,} "
                 f"{r.dead_tuples:>9,} {r.dead_ratio:>6.1%} {vacuumed:<20} {tuned:<5} {r.role}"
             )
 
