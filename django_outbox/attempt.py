@@ -16,7 +16,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
@@ -63,6 +63,7 @@ class ProcessOutcome(enum.StrEnum):
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
     DEFERRED = "deferred"  # back to the queue, attempt unchanged: a pause or the budget
+    EMPTY = "empty"  # a run's reservation that found no rows to claim (nothing ran)
 
 
 @on_stream_database
@@ -76,22 +77,34 @@ def take_lease(config: StreamConfig, group_id: uuid.UUID) -> int | None:
     return taken[0] if taken else None
 
 
-def _take(config: StreamConfig, group_id: uuid.UUID) -> tuple[int, uuid.UUID | None, int] | None:
+def _take(
+    config: StreamConfig, group_id: uuid.UUID
+) -> tuple[int, uuid.UUID | None, int, int] | None:
     """:func:`take_lease`, with the group's sibling (the other half of the split it came
-    from, :mod:`django_outbox.isolate`; None for a claimed group) and split depth."""
+    from, :mod:`django_outbox.isolate`; None for a claimed group), split depth and size
+    (0 for a run's reservation, whose rows are claimed once it runs)."""
     taken = group_leases(config).take_row(
         group_id,
         worker_identity(),
         where={"stream": config.name, "state": GroupState.CLAIMED},
         next_attempt=True,
-        returning=("sibling_id", "split_depth"),
+        returning=("sibling_id", "split_depth", "size"),
     )
-    return (taken[0], taken[1], taken[2]) if taken else None
+    return (taken[0], taken[1], taken[2], taken[3]) if taken else None
 
 
 @on_stream_database
-def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
-    """Run one attempt of a queued group: lease, handler, then finalize or record the failure."""
+def process_group(
+    stream: str,
+    group_id: uuid.UUID | str,
+    fill: Callable[[uuid.UUID, int], bool] | None = None,
+) -> ProcessOutcome:
+    """Run one attempt of a queued group: lease, handler, then finalize or record the failure.
+
+    A group of no rows is a run's reservation (:func:`django_outbox.runs.start_runs`):
+    once leased, *fill* claims rows into it under the lease, or deletes it when none
+    wait (or the stream may not claim now); then the outcome is ``EMPTY``.
+    """
     config = get_stream(stream)
     group_id = uuid.UUID(str(group_id))
     alias = connection_for(OutboxGroup).alias
@@ -103,7 +116,9 @@ def process_group(stream: str, group_id: uuid.UUID | str) -> ProcessOutcome:
     )
     if taken is None:
         return ProcessOutcome.SKIPPED
-    attempt, sibling, split_depth = taken
+    attempt, sibling, split_depth, size = taken
+    if size == 0 and not (fill is not None and fill(group_id, attempt)):
+        return ProcessOutcome.EMPTY
     outcome = run_attempt(config, group_id, attempt, split_depth)
     if sibling is not None and outcome is ProcessOutcome.DONE:
         _tell_sibling(config, sibling)
@@ -336,22 +351,25 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
     behind = ordering.held_behind(config, batch.group_id, {int(pk) for pk in failures})
     failed.update((str(pk), why) for pk, why in behind.items())
     table = group_leases(config)
-    if not failed:
-        if not table.fenced(batch.group_id, batch.attempt).delete()[0]:
-            raise table.lost(batch.group_id, batch.attempt)
-    elif not locked:
-        _lock_fenced(batch)
     ops = buffer_ops(batch.model, alias=batch.config.alias)
-    done = ops.archive_group(
-        batch.group_id,
-        Move(
-            config.name,
-            Outcome.DONE,
-            batch.attempt,
-            keep_ids=tuple(int(pk) for pk in failed),
-            archive=config.archive,
-        ),
+    move = Move(
+        config.name,
+        Outcome.DONE,
+        batch.attempt,
+        keep_ids=tuple(int(pk) for pk in failed),
+        archive=config.archive,
     )
+    if not failed:
+        moved = ops.archive_group_fenced(
+            batch.group_id, move, table.fenced(batch.group_id, batch.attempt)
+        )
+        if moved is None:
+            raise table.lost(batch.group_id, batch.attempt)
+        done = moved
+    else:
+        if not locked:
+            _lock_fenced(batch)
+        done = ops.archive_group(batch.group_id, move)
     if done:
         send_on_commit(
             group_processed,

@@ -11,8 +11,11 @@ the same worker, processes it, and goes on while rows are waiting:
 * **Continue.** After each group the run claims again while its last claim was full
   (more rows are probably waiting) or a commit *wanted* it (a wake that found a run in
   flight raises the stream's ``wanted`` flag instead of starting another run). A full
-  claim also starts more runs, up to ``CHAINS`` in flight. After ``RUN_SECONDS`` a run
-  hands its next group to a fresh job, so no worker is held for long.
+  claim also starts more runs, up to ``CHAINS`` in flight, each with a *reservation*:
+  a group row of no rows whose job claims its rows once a worker runs it, so the run
+  that fans out pays a row insert per run, not a claim, and the claims happen in
+  parallel where the rows are processed. After ``RUN_SECONDS`` a run hands its next
+  group to a fresh job, so no worker is held for long.
 * **End.** A run ends when its claim comes back short and nothing wanted it, deciding
   under the stream's state-row lock, which a wake takes too: either the run sees the
   wake's flag, or the wake sees no run in flight and starts one.
@@ -40,7 +43,7 @@ from django.db.models.functions import Now
 
 from django_outbox import claim_floor, transport
 from django_outbox.attempt import ProcessOutcome, process_group, run_attempt
-from django_outbox.batch import queued_lease
+from django_outbox.batch import group_leases, queued_lease
 from django_outbox.budget import admits, claim_limit
 from django_outbox.conf import (
     StreamConfig,
@@ -58,6 +61,7 @@ from django_outbox.db.wake_guard import (
     PUBLISHERS_WAIT_SECONDS,
     relied_on_recently,
 )
+from django_outbox.exceptions import LeaseLost
 from django_outbox.lease import worker_identity
 from django_outbox.models import BufferEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.oncommit import on_commit_once
@@ -124,12 +128,23 @@ def effective_batch_size(config: StreamConfig, state: StreamState | None) -> int
 
 @on_stream_database
 def set_paused(stream: str, paused: bool) -> None:
-    """Pause or resume a stream: no claim is made while it is paused; resuming wakes it."""
-    get_stream(stream)
+    """Pause or resume a stream: no claim is made while it is paused.
+
+    Resuming distributes the stream once the change commits: groups whose retry came
+    due meanwhile are re-enqueued, and runs start for the backlog at once, up to
+    ``CHAINS`` (not one run that fans out after its first claim).
+    """
+    config = get_stream(stream)
     runtime_state(stream)
     StreamState.objects.filter(stream=stream).update(paused=paused, updated_at=Now())
     if not paused:
-        wake(stream)
+        transaction.on_commit(partial(_resume, stream), using=config.alias)
+
+
+def _resume(stream: str) -> None:
+    from django_outbox.distribute import distribute  # distribute builds on this module
+
+    distribute(stream)
 
 
 # -- claim --------------------------------------------------------------------------
@@ -137,7 +152,11 @@ def set_paused(stream: str, paused: bool) -> None:
 
 @on_stream_database
 def claim_group(
-    stream: str, *, run_here: bool = False, state: StreamState | None = None
+    stream: str,
+    *,
+    run_here: bool = False,
+    state: StreamState | None = None,
+    reservation: tuple[uuid.UUID, int] | None = None,
 ) -> ClaimResult:
     """Claim up to the stream's batch size of unclaimed rows, oldest first, as one group.
 
@@ -148,17 +167,24 @@ def claim_group(
     A paused stream claims nothing, nor one a handler paused or ahead of its rate
     budget (:func:`django_outbox.budget.admits`). *state* saves reading the state row
     again; its claim floor (:mod:`django_outbox.claim_floor`) is where the claim starts.
+
+    With *reservation* (a reservation's id, and the attempt its run leased: see
+    :func:`start_runs`) the rows are claimed into that group, which this worker runs
+    next; it is deleted instead when no row waits or the stream may not claim now, and
+    nothing is claimed when its lease was lost meanwhile.
     """
     config = get_stream(stream)
     if state is None:
         state = StreamState.objects.filter(stream=stream).first()
-    if state is not None and state.paused:
-        return ClaimResult(stream, None, 0, 0)
-    if not admits(config, state, calls_next=run_here):  # a handler's pause, the budget
+    paused = state is not None and state.paused
+    # A handler's pause, the budget:
+    if paused or not admits(config, state, calls_next=run_here or reservation is not None):
+        if reservation is not None:
+            _drop_reservation(config, *reservation)
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
     floor = state.claim_floor if state is not None else 0
-    group_id = uuid.uuid4()
+    group_id = reservation[0] if reservation is not None else uuid.uuid4()
     ops = stream_buffer(config)
     alias = connection_for(config.model_class).alias
     lease = Now() + timedelta(seconds=config.lease_seconds)
@@ -168,7 +194,11 @@ def claim_group(
         with transaction.atomic(using=alias):
             claimed = ops.claim(group_id, limit, floor)
             size = claimed.size
-            if size and run_here:
+            if reservation is not None:
+                fenced = group_leases(config).fenced(*reservation)
+                if not (fenced.update(size=size) if size else fenced.delete()[0]):
+                    raise LeaseLost(group_id, reservation[1], what="reservation")
+            elif size and run_here:
                 OutboxGroup.objects.create(
                     id=group_id,
                     stream=stream,
@@ -189,13 +219,26 @@ def claim_group(
                 transport.enqueue(transport.RUN, [(stream, str(group_id))], cluster=config.cluster)
         return claimed
 
-    size, highest_id = outlast_outage(
-        claim_transaction,
-        alias,
-        what=f"claim of stream {stream}",
-        wait_seconds=config.outage_seconds,
-    )
+    try:
+        size, highest_id = outlast_outage(
+            claim_transaction,
+            alias,
+            what=f"claim of stream {stream}",
+            wait_seconds=config.outage_seconds,
+        )
+    except LeaseLost:  # the reservation's lease expired and was taken over: rolled back
+        return ClaimResult(stream, None, 0, limit)
     return ClaimResult(stream, group_id if size else None, size, limit, highest_id)
+
+
+def _drop_reservation(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> None:
+    """Delete a reservation whose run may not claim (paused, the budget): nothing ran."""
+    alias = connection_for(OutboxGroup).alias
+    retry_transient(
+        lambda: group_leases(config).fenced(group_id, attempt).delete(),
+        alias,
+        what=f"drop of reservation {group_id}",
+    )
 
 
 # -- start --------------------------------------------------------------------------
@@ -203,15 +246,23 @@ def claim_group(
 
 @on_stream_database
 def start_runs(
-    stream: str, runs: int = 1, *, only_if_idle: bool = False, announce: bool = True
+    stream: str,
+    runs: int = 1,
+    *,
+    only_if_idle: bool = False,
+    announce: bool = True,
+    reserve: bool = False,
 ) -> int:
     """Start up to *runs* runs of *stream*, keeping at most ``CHAINS`` in flight.
 
     Under the stream's state-row lock: count the runs in flight, then claim a group and
-    enqueue a run for it while there is room and rows to claim. When a run in flight
-    stands in the way (none may start, or *only_if_idle* and one is in flight), raise
-    the stream's ``wanted`` flag (unless not *announce*): that run claims again before
-    it ends. Returns the number of runs started.
+    enqueue a run for it while there is room and rows to claim. With *reserve* (a run
+    whose claim was full fans out) each run gets a reservation instead of a claim: a
+    queued group of no rows, which counts as a run in flight and whose job claims its
+    rows when it runs (:func:`django_outbox.attempt.process_group`). When a run in
+    flight stands in the way (none may start, or *only_if_idle* and one is in flight),
+    raise the stream's ``wanted`` flag (unless not *announce*): that run claims again
+    before it ends. Returns the number of runs started.
     """
     config = get_stream(stream)
     alias = connection_for(StreamState).alias
@@ -230,6 +281,10 @@ def start_runs(
             started = 0
             drained = False
             while started < min(runs, room):
+                if reserve:
+                    _reserve_run(config)
+                    started += 1
+                    continue
                 if not claim_group(stream, state=state).claimed_any:
                     drained = True
                     break
@@ -239,6 +294,18 @@ def start_runs(
             return started
 
     return retry_transient(locked, alias, what=f"start of a run of stream {stream}")
+
+
+def _reserve_run(config: StreamConfig) -> None:
+    """Enqueue a run of the stream with a reservation: a queued group of no rows (in the
+    caller's transaction, with its job where the broker allows)."""
+    reservation = OutboxGroup.objects.create(
+        stream=config.name,
+        size=0,
+        state=GroupState.CLAIMED,
+        lease_expires_at=Now() + queued_lease(config),
+    )
+    transport.enqueue(transport.RUN, [(config.name, str(reservation.id))], cluster=config.cluster)
 
 
 @on_stream_database
@@ -333,17 +400,44 @@ class _Run:
         self._advance_floor(claim, state)
         if not claim.claimed_any:
             return self._last_claim()
-        if claim.full and now - self.fanned_out_at >= RECHECK_SECONDS:
-            self.fanned_out_at = now
-            try:
-                start_runs(self.stream, self.config.chains - 1, announce=False)
-            except Exception:
-                # More runs only help (the broker may be down): this run holds its
-                # claimed group and goes on.
-                logger.warning("Could not start more runs of %s", self.stream, exc_info=True)
+        self._fan_out(claim, now)
         return claim
 
+    def fill(self, group_id: uuid.UUID, attempt: int) -> bool:
+        """Claim the rows of a reservation this run leased (attempt *attempt*) into it;
+        False when it was dropped instead (no row waits, paused, the budget)."""
+        state = self._read_state()
+        claim = claim_group(
+            self.stream, run_here=True, state=state, reservation=(group_id, attempt)
+        )
+        self._advance_floor(claim, state)
+        if claim.claimed_any:
+            self._fan_out(claim, time.monotonic())
+        return claim.claimed_any
+
+    def _fan_out(self, claim: ClaimResult, now: float) -> None:
+        """After a full claim, start more runs (reservations), up to ``CHAINS`` in flight,
+        at most once per ``RECHECK_SECONDS``."""
+        if not claim.full or now - self.fanned_out_at < RECHECK_SECONDS:
+            return
+        self.fanned_out_at = now
+        try:
+            start_runs(self.stream, self.config.chains - 1, announce=False, reserve=True)
+        except Exception:
+            # More runs only help (the broker may be down): this run holds its claimed
+            # group and goes on.
+            logger.warning("Could not start more runs of %s", self.stream, exc_info=True)
+
     def _last_claim(self) -> ClaimResult | None:
+        """The run is ending (:meth:`_final_claim`). A run that fanned out drops the
+        reservations no worker has taken yet: every row is claimed, so their runs would
+        find nothing (their jobs then find no group and do nothing)."""
+        claim = self._final_claim()
+        if claim is None and self.fanned_out_at > -math.inf:
+            self._outlasting(partial(_drop_unstarted_reservations, self.stream), "a run's end")
+        return claim
+
+    def _final_claim(self) -> ClaimResult | None:
         """The run is ending: wait for the publishers that relied on it, claim once more.
 
         ``publish()`` on PostgreSQL skips its wake while a run is in flight
@@ -454,10 +548,11 @@ def run(
     loop = _Run(config, budget)
     outcomes: list[ProcessOutcome] = []
     if group_id is not None:
-        outcome = process_group(stream, group_id)
+        outcome = process_group(stream, group_id, fill=loop.fill)
         if outcome is ProcessOutcome.SKIPPED:
             return []
-        outcomes.append(outcome)
+        if outcome is not ProcessOutcome.EMPTY:  # an empty reservation: the loop ends it
+            outcomes.append(outcome)
     full = True  # a queued group's size is not known here; a short claim ends the run
     while outcomes[-1:] != [ProcessOutcome.DEFERRED]:  # a pause or the budget ends the run
         claim = loop.next_group(full=full)
@@ -470,11 +565,18 @@ def run(
     return outcomes
 
 
+def _drop_unstarted_reservations(stream: str) -> int:
+    """Delete the stream's reservations whose run has not started (queued, no rows)."""
+    queued = OutboxGroup.objects.filter(stream=stream, state=GroupState.CLAIMED, size=0)
+    return queued.delete()[0]
+
+
 def start_backlog_runs(stream: str, backlog: int, batch_size: int) -> int:
-    """Start as many runs as *backlog* rows fill batches, up to ``CHAINS`` (distribute)."""
+    """Start as many runs as *backlog* rows fill batches, up to ``CHAINS`` (distribute),
+    each with a reservation: their jobs claim the rows when they run."""
     if backlog <= 0:
         return 0
-    return start_runs(stream, math.ceil(backlog / batch_size))
+    return start_runs(stream, math.ceil(backlog / batch_size), reserve=True)
 
 
 # -- wake on every ORM write of buffer rows ------------------------------------------

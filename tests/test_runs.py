@@ -157,6 +157,22 @@ def test_a_paused_stream_is_not_woken_and_resuming_wakes_it():
     assert ArchivedEvent.objects.count() == 4
 
 
+@override_settings(**SMALL)
+def test_resuming_a_stream_with_a_backlog_starts_its_runs_at_once_up_to_chains():
+    set_paused("audit", True)
+    publish_unwoken("audit", [{"n": n} for n in range(45)])
+
+    with transport.capture() as jobs:
+        set_paused("audit", False)
+
+    # 45 rows fill 5 batches: CHAINS (3) runs start now, not one that fans out later.
+    assert len(run_jobs(jobs)) == 3
+    with transport.capture():
+        for job in run_jobs(jobs):
+            job.run()
+    assert ArchivedEvent.objects.count() == 45 and not OutboxGroup.objects.exists()
+
+
 # -- one run at a time, wanted again instead of a second run ---------------------------
 
 
@@ -198,11 +214,69 @@ def test_a_run_goes_on_while_its_claims_are_full_and_starts_more_runs_up_to_chai
         outcomes = run("audit")
 
     # This run claimed full batches on its own; its first full claim started two more
-    # runs (CHAINS 3), each with a group of its own, queued.
+    # runs (CHAINS 3), each with a reservation: a queued group of no rows. The fan-out
+    # claimed nothing, and this run, alone here, went through every row. Ending with
+    # every row claimed, it dropped the reservations no worker had taken.
     assert len(run_jobs(jobs)) == 2
-    assert OutboxGroup.objects.filter(state=GroupState.CLAIMED).count() == 2
-    assert outcomes == [ProcessOutcome.DONE] * (10 - 2)
-    assert not OutboxEvent.objects.filter(group_id__isnull=True).exists()
+    assert outcomes == [ProcessOutcome.DONE] * 10
+    assert not OutboxEvent.objects.exists() and not OutboxGroup.objects.exists()
+    calls = HandledCall.objects.count()
+    with transport.capture() as more:
+        assert [job.run() for job in run_jobs(jobs)] == [[], []]  # their jobs do nothing
+    assert not more and HandledCall.objects.count() == calls
+
+
+@override_settings(**SMALL)
+def test_a_reserved_run_claims_its_rows_when_it_runs_and_goes_on():
+    publish_unwoken("audit", [{"n": n} for n in range(25)])
+    with transport.capture() as jobs:
+        assert start_runs("audit", 2, reserve=True) == 2
+    first, second = run_jobs(jobs)
+    reservation = OutboxGroup.objects.get(pk=first.args[1])
+    assert (reservation.size, reservation.state) == (0, GroupState.CLAIMED)
+    assert not OutboxEvent.objects.filter(group_id__isnull=False).exists()  # none claimed
+
+    with transport.capture() as more:
+        assert first.run() == ["done"] * 3  # its reservation's 10 rows, then 10, then 5
+        # Its full claim fanned out once more (CHAINS 3); ending, it dropped both
+        # reservations no worker had taken: their jobs do nothing.
+        assert second.run() == []
+        assert [job.run() for job in list(run_jobs(more))] == [[]]
+    (call, *_) = HandledCall.objects.order_by("id")
+    assert call.group_id == reservation.pk and call.attempt == 1 and len(call.event_ids) == 10
+    delivered = ArchivedEvent.objects.values_list("data__payload__n", flat=True)
+    assert sorted(delivered) == list(range(25))
+    assert not OutboxGroup.objects.exists()
+
+
+@override_settings(**SMALL)
+def test_a_reserved_run_of_a_paused_stream_drops_its_reservation_and_claims_nothing():
+    publish_unwoken("audit", [{"n": n} for n in range(5)])
+    with transport.capture() as jobs:
+        start_runs("audit", 1, reserve=True)
+    set_paused("audit", True)
+
+    with transport.capture():
+        assert [job.run() for job in run_jobs(jobs)] == [[]]
+
+    assert not OutboxGroup.objects.exists() and not HandledCall.objects.exists()
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 5
+
+
+@override_settings(**SMALL)
+def test_a_claim_into_a_reservation_whose_lease_was_lost_claims_nothing():
+    publish_unwoken("audit", [{"n": n} for n in range(5)])
+    with transport.capture():
+        start_runs("audit", 1, reserve=True)
+    reservation = OutboxGroup.objects.get()
+    # Its run took it as attempt 1, then lost the lease: the group runs attempt 2 now.
+    OutboxGroup.objects.update(state=GroupState.RUNNING, attempt=2)
+
+    claim = claim_group("audit", run_here=True, reservation=(reservation.pk, 1))
+
+    assert not claim.claimed_any
+    assert OutboxEvent.objects.filter(group_id__isnull=True).count() == 5
+    assert OutboxGroup.objects.get().size == 0  # left to the run that holds it
 
 
 @override_settings(**SMALL)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, Model
+from django.db.models import Field, Model, QuerySet
+from django.db.models.sql import DeleteQuery
 
 from django_outbox.db.dialect import dialect_of
 from django_outbox.models import ArchivedEvent
@@ -25,6 +26,14 @@ def concrete_field(model: type[Model], name: str) -> Field[Any, Any]:
     if not isinstance(field, Field) or field.column is None:
         raise FieldDoesNotExist(f"{model._meta.label}.{name} is not a column of its table")
     return field
+
+
+def delete_sql(queryset: QuerySet) -> tuple[str, tuple[Any, ...]]:
+    """The ``DELETE`` statement of *queryset* (no cascade, no signals: what Django runs
+    for a model nothing refers to), to embed in a statement of ours."""
+    query = queryset.query.chain(DeleteQuery)
+    sql, params = query.get_compiler(queryset.db).as_sql()
+    return sql, tuple(params)
 
 
 def column_name(field: Field[Any, Any]) -> str:
@@ -254,6 +263,13 @@ class BufferOps:
         for sql, params in self.move_statements(group_id, move):
             rows = self.execute(sql, params)  # the last statement deletes
         return rows
+
+    def archive_group_fenced(self, group_id: uuid.UUID, move: Move, fence: QuerySet) -> int | None:
+        """:meth:`archive_group` once *fence* (the group's row while this attempt holds its
+        lease) is deleted; None, with nothing changed, when the fence matched no row."""
+        if not fence.delete()[0]:
+            return None
+        return self.archive_group(group_id, move)
 
     def move_statements(self, group_id: uuid.UUID, move: Move) -> list[tuple[str, list[Any]]]:
         """The statements of :meth:`archive_group`, the DELETE last."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.db.models import QuerySet
+
 from django_outbox.db import wake_guard
-from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move
+from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move, delete_sql
 from django_outbox.models import StreamState
 from django_outbox.routing import connection_for
 
@@ -85,10 +87,34 @@ class PostgresBufferOps(BufferOps):
         delete = f"DELETE FROM {self.table} WHERE {where}"
         if not move.archive:
             return [(delete, params)]
-        sql = (
-            f"WITH moved AS ({delete} RETURNING {self.table}.*) "
+        sql = f"WITH moved AS ({delete} RETURNING {self.table}.*) {self._archive_moved()}"
+        return [(sql, [*params, *move.archive_params()])]
+
+    def _archive_moved(self) -> str:
+        """The INSERT of the CTE ``moved``'s rows into the archive (``archive_params()``)."""
+        return (
             f"INSERT INTO {self.archive_table} ({ARCHIVE_COLUMNS}) "
             "SELECT %s, moved.id, moved.group_id, to_jsonb(moved), moved.created_at, "
             f"{self.dialect.now}, %s, %s, COALESCE(%s::jsonb ->> moved.id::text, %s) FROM moved"
         )
-        return [(sql, [*params, *move.archive_params()])]
+
+    def archive_group_fenced(self, group_id: uuid.UUID, move: Move, fence: QuerySet) -> int | None:
+        """One statement: the fence's DELETE, and only if it deleted the group row, the
+        move of its rows (a round trip and a statement fewer per group than two)."""
+        if fence.db != self.connection.alias:
+            return super().archive_group_fenced(group_id, move, fence)
+        fence_sql, fence_params = delete_sql(fence)
+        where, params = self.group_where(group_id, move)
+        moved = (
+            f"DELETE FROM {self.table} WHERE {where} AND EXISTS (SELECT FROM fence) "
+            f"RETURNING {self.table}.*"
+        )
+        archive = f", archived AS ({self._archive_moved()})" if move.archive else ""
+        archive_params = move.archive_params() if move.archive else []
+        row = self.fetchone(
+            f"WITH fence AS ({fence_sql} RETURNING 1), moved AS ({moved}){archive} "
+            "SELECT (SELECT COUNT(*) FROM fence), (SELECT COUNT(*) FROM moved)",
+            [*fence_params, *params, *archive_params],
+        )
+        assert row is not None
+        return int(row[1]) if row[0] else None
