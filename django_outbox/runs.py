@@ -138,13 +138,7 @@ def set_paused(stream: str, paused: bool) -> None:
     runtime_state(stream)
     StreamState.objects.filter(stream=stream).update(paused=paused, updated_at=Now())
     if not paused:
-        transaction.on_commit(partial(_resume, stream), using=config.alias)
-
-
-def _resume(stream: str) -> None:
-    from django_outbox.distribute import distribute  # distribute builds on this module
-
-    distribute(stream)
+        transaction.on_commit(partial(distribute, stream), using=config.alias)
 
 
 # -- claim --------------------------------------------------------------------------
@@ -569,6 +563,50 @@ def _drop_unstarted_reservations(stream: str) -> int:
     """Delete the stream's reservations whose run has not started (queued, no rows)."""
     queued = OutboxGroup.objects.filter(stream=stream, state=GroupState.CLAIMED, size=0)
     return queued.delete()[0]
+
+
+@dataclass(frozen=True)
+class DistributeResult:
+    stream: str
+    paused: bool = False
+    backlog: int = 0
+    backlog_capped: bool = False
+    runs_started: int = 0
+    groups_enqueued: int = 0
+    groups_exhausted: int = 0
+
+
+@on_stream_database
+def distribute(stream: str) -> DistributeResult:
+    """Rescue the stream's due groups, then start runs for a backlog nobody takes.
+
+    The safety net on the stream's schedule (:mod:`django_outbox.distribute`), and what
+    resuming a stream does. Groups that are due again (a retry whose backoff has
+    passed, or a lease that expired) are re-enqueued first. The backlog is counted up
+    to ``CHAINS`` batches, so the count costs the same whatever the backlog; runs start
+    for it up to ``CHAINS`` in flight. Where the stream keeps a claim floor, a floor
+    that passed the lowest unclaimed row (the count reads it) is lowered below it
+    first: the floor's safety net (:mod:`django_outbox.claim_floor`). Paused streams
+    are skipped.
+    """
+    config = get_stream(stream)
+    state = runtime_state(stream)
+    if state.paused:
+        return DistributeResult(stream, paused=True)
+    requeued, exhausted = requeue_due_groups(config)
+    batch_size = effective_batch_size(config, state)
+    cap = config.chains * batch_size
+    backlog, lowest_id = stream_buffer(config).backlog(cap)
+    claim_floor.lower_if_passed(config, lowest_id)
+    started = start_backlog_runs(stream, backlog, batch_size)
+    return DistributeResult(
+        stream,
+        backlog=backlog,
+        backlog_capped=backlog >= cap,
+        runs_started=started,
+        groups_enqueued=requeued,
+        groups_exhausted=exhausted,
+    )
 
 
 def start_backlog_runs(stream: str, backlog: int, batch_size: int) -> int:

@@ -46,7 +46,7 @@ def claimed_group():
 
 def test_finalize_runs_again_after_a_serialization_failure():
     group_id = claimed_group()
-    real = ops_class().archive_group
+    real = ops_class().archive_group_fenced
     calls = []
 
     def flaky(self, *args, **kwargs):
@@ -55,7 +55,7 @@ def test_finalize_runs_again_after_a_serialization_failure():
             raise transient(SerializationFailure)
         return real(self, *args, **kwargs)
 
-    with mock.patch.object(ops_class(), "archive_group", flaky):
+    with mock.patch.object(ops_class(), "archive_group_fenced", flaky):
         assert process_group("audit", group_id) is ProcessOutcome.DONE
 
     assert len(calls) == 2
@@ -67,7 +67,7 @@ def test_a_finalize_that_keeps_failing_counts_as_a_failed_attempt_and_keeps_the_
     group_id = claimed_group()
 
     with mock.patch.object(
-        ops_class(), "archive_group", side_effect=transient(SerializationFailure)
+        ops_class(), "archive_group_fenced", side_effect=transient(SerializationFailure)
     ) as archive:
         assert process_group("audit", group_id) is ProcessOutcome.RETRYING
 
@@ -120,7 +120,7 @@ def test_a_transactional_handler_whose_finalize_fails_leaves_no_database_effect(
     with override_settings(DJANGO_OUTBOX={"STREAMS": streams}):
         group_id = claimed_group()
         with mock.patch.object(
-            ops_class(), "archive_group", side_effect=IntegrityError("archive insert failed")
+            ops_class(), "archive_group_fenced", side_effect=IntegrityError("archive insert failed")
         ):
             assert process_group("audit", group_id) is ProcessOutcome.RETRYING
 
@@ -136,7 +136,7 @@ def test_a_connection_dropped_during_finalize_is_reopened_and_the_group_finishes
     from django.db import connection
 
     group_id = claimed_group()
-    real = ops_class().archive_group
+    real = ops_class().archive_group_fenced
     calls = []
 
     def drop_then_archive(self, *args, **kwargs):
@@ -154,7 +154,7 @@ def test_a_connection_dropped_during_finalize_is_reopened_and_the_group_finishes
                 )
         return real(self, *args, **kwargs)
 
-    with mock.patch.object(ops_class(), "archive_group", drop_then_archive):
+    with mock.patch.object(ops_class(), "archive_group_fenced", drop_then_archive):
         assert process_group("audit", group_id) is ProcessOutcome.DONE
 
     assert len(calls) == 2
