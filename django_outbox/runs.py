@@ -250,8 +250,8 @@ def start_runs(
     """Start up to *runs* runs of *stream*, keeping at most ``CHAINS`` in flight.
 
     Under the stream's state-row lock: count the runs in flight, then claim a group and
-    enqueue a run for it while there is room and rows to claim. With *reserve* (a run
-    whose claim was full fans out) each run gets a reservation instead of a claim: a
+    enqueue a run for it while there is room and rows to claim. With *reserve* (a full
+    claim's fan-out, distribute, a resume) each run gets a reservation instead: a
     queued group of no rows, which counts as a run in flight and whose job claims its
     rows when it runs (:func:`django_outbox.attempt.process_group`). When a run in
     flight stands in the way (none may start, or *only_if_idle* and one is in flight),
@@ -423,15 +423,6 @@ class _Run:
             logger.warning("Could not start more runs of %s", self.stream, exc_info=True)
 
     def _last_claim(self) -> ClaimResult | None:
-        """The run is ending (:meth:`_final_claim`). A run that fanned out drops the
-        reservations no worker has taken yet: every row is claimed, so their runs would
-        find nothing (their jobs then find no group and do nothing)."""
-        claim = self._final_claim()
-        if claim is None and self.fanned_out_at > -math.inf:
-            self._outlasting(partial(_drop_unstarted_reservations, self.stream), "a run's end")
-        return claim
-
-    def _final_claim(self) -> ClaimResult | None:
         """The run is ending: wait for the publishers that relied on it, claim once more.
 
         ``publish()`` on PostgreSQL skips its wake while a run is in flight
@@ -482,7 +473,8 @@ class _Run:
 
         The flag is lowered in its own transaction, committed before the next claim
         starts: a wake that still read it raised has committed its rows before that
-        claim's snapshot.
+        claim's snapshot. A run that fanned out and ends drops, in the same transaction,
+        the reservations no worker has taken.
         """
         alias = connection_for(StreamState).alias
 
@@ -490,6 +482,12 @@ class _Run:
             with transaction.atomic(using=alias):
                 state, _ = StreamState.objects.select_for_update().get_or_create(stream=self.stream)
                 if state.paused or not state.wanted:
+                    if self.fanned_out_at > -math.inf:
+                        # The run ends: the reservations no worker has taken would find
+                        # nothing. Dropped under the lock a wake takes (a wake after this
+                        # sees no run in flight and starts one) and before the end's epoch
+                        # raise (a publisher that relied on them is waited for).
+                        _drop_unstarted_reservations(self.stream)
                     return None
                 StreamState.objects.filter(stream=self.stream).update(wanted=False)
             return state

@@ -18,6 +18,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_outbox import publish, publish_many, transport, wake
+from django_outbox import runs as runs_module
 from django_outbox.attempt import ProcessOutcome, exhaust_group
 from django_outbox.conf import get_stream
 from django_outbox.models import (
@@ -246,6 +247,33 @@ def test_a_reserved_run_claims_its_rows_when_it_runs_and_goes_on():
     assert call.group_id == reservation.pk and call.attempt == 1 and len(call.event_ids) == 10
     delivered = ArchivedEvent.objects.values_list("data__payload__n", flat=True)
     assert sorted(delivered) == list(range(25))
+    assert not OutboxGroup.objects.exists()
+
+
+@override_settings(**SMALL)
+def test_a_commit_as_a_run_that_fanned_out_ends_is_not_left_to_its_dropped_reservations(
+    monkeypatch,
+):
+    """The ending run drops its unstarted reservations under the lock a wake takes, before
+    its last claim: a commit then sees no run in flight and starts one (or is waited
+    for), never relies on a reservation that is dropped after it looked."""
+    publish_unwoken("audit", [{"n": n} for n in range(25)])
+    last_claim = runs_module._Run._last_claim
+    late = []
+
+    def commit_then_end(self):
+        if not late:
+            late.append(publish("audit", {"n": "late"}))  # its wake runs at once
+        return last_claim(self)
+
+    monkeypatch.setattr(runs_module._Run, "_last_claim", commit_then_end)
+    with transport.capture() as jobs:
+        run("audit")  # claims 10 (full: two reservations), 10, 5, then ends
+        for job in list(run_jobs(jobs)):  # the reservations' jobs and any run started
+            job.run()
+
+    delivered = ArchivedEvent.objects.values_list("data__payload__n", flat=True)
+    assert sorted(map(str, delivered)) == sorted([*map(str, range(25)), "late"])
     assert not OutboxGroup.objects.exists()
 
 
