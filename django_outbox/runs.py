@@ -399,14 +399,18 @@ class _Run:
 
     def fill(self, group_id: uuid.UUID, attempt: int) -> bool:
         """Claim the rows of a reservation this run leased (attempt *attempt*) into it;
-        False when it was dropped instead (no row waits, paused, the budget)."""
+        False when it was dropped instead (no row waits, paused, the budget).
+
+        A reserved run is one of a fan-out (or of distribute) that started the runs the
+        backlog called for: it fans out again only after ``RECHECK_SECONDS``, so its
+        start costs no look at the runs in flight.
+        """
         state = self._read_state()
+        self.fanned_out_at = time.monotonic()
         claim = claim_group(
             self.stream, run_here=True, state=state, reservation=(group_id, attempt)
         )
         self._advance_floor(claim, state)
-        if claim.claimed_any:
-            self._fan_out(claim, time.monotonic())
         return claim.claimed_any
 
     def _fan_out(self, claim: ClaimResult, now: float) -> None:

@@ -162,11 +162,11 @@ def test_run_one_round_processes_the_backlog_and_reports_it():
     output = run("outbox_run")
 
     # Distribute starts 3 runs (25 rows, batches of 10, CHAINS 4), each with a
-    # reservation. Run here one after the other, the first claims 10 rows, 10 more (a
-    # full claim: one more run, CHAINS 4), then the last 5, and ending drops the three
-    # reservations no job has taken: their jobs do nothing.
+    # reservation. Run here one after the other, the first claims 10 rows, 10 more, then
+    # the last 5, and ending drops the two reservations no job has taken: their jobs do
+    # nothing.
     assert output == (
-        "Processed 3 groups (done 3) in 4 run job(s); 1 round(s), stopped: one round.\n"
+        "Processed 3 groups (done 3) in 3 run job(s); 1 round(s), stopped: one round.\n"
     )
     assert OutboxEvent.objects.count() == 0
     assert OutboxGroup.objects.count() == 0
