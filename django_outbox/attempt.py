@@ -359,17 +359,15 @@ def _finalize_fenced(batch: Batch, result: BatchResult | None, *, locked: bool) 
         keep_ids=tuple(int(pk) for pk in failed),
         archive=config.archive,
     )
-    if not failed:
-        moved = ops.archive_group_fenced(
-            batch.group_id, move, table.fenced(batch.group_id, batch.attempt)
-        )
-        if moved is None:
-            raise table.lost(batch.group_id, batch.attempt)
-        done = moved
-    else:
+    if failed:
         if not locked:
             _lock_fenced(batch)
         done = ops.archive_group(batch.group_id, move)
+    else:
+        fence = table.fenced(batch.group_id, batch.attempt)
+        if (fenced := ops.archive_group_fenced(batch.group_id, move, fence)) is None:
+            raise table.lost(batch.group_id, batch.attempt)
+        done = fenced
     if done:
         send_on_commit(
             group_processed,

@@ -274,11 +274,9 @@ def start_runs(
                 requeue_due_groups(config, lost_only=True)
             started = 0
             drained = False
-            while started < min(runs, room):
-                if reserve:
-                    _reserve_run(config)
-                    started += 1
-                    continue
+            if reserve:
+                started = _reserve_runs(config, min(runs, room))
+            while not reserve and started < min(runs, room):
                 if not claim_group(stream, state=state).claimed_any:
                     drained = True
                     break
@@ -290,16 +288,27 @@ def start_runs(
     return retry_transient(locked, alias, what=f"start of a run of stream {stream}")
 
 
-def _reserve_run(config: StreamConfig) -> None:
-    """Enqueue a run of the stream with a reservation: a queued group of no rows (in the
-    caller's transaction, with its job where the broker allows)."""
-    reservation = OutboxGroup.objects.create(
-        stream=config.name,
-        size=0,
-        state=GroupState.CLAIMED,
-        lease_expires_at=Now() + queued_lease(config),
+def _reserve_runs(config: StreamConfig, count: int) -> int:
+    """Enqueue *count* runs of the stream, each with a reservation: a queued group of no
+    rows (one INSERT for them all in the caller's transaction, their jobs with it where
+    the broker allows). Returns *count*."""
+    if count <= 0:
+        return 0
+    reservations = OutboxGroup.objects.bulk_create(
+        OutboxGroup(
+            stream=config.name,
+            size=0,
+            state=GroupState.CLAIMED,
+            lease_expires_at=Now() + queued_lease(config),
+        )
+        for _ in range(count)
     )
-    transport.enqueue(transport.RUN, [(config.name, str(reservation.id))], cluster=config.cluster)
+    transport.enqueue(
+        transport.RUN,
+        [(config.name, str(reservation.id)) for reservation in reservations],
+        cluster=config.cluster,
+    )
+    return count
 
 
 @on_stream_database

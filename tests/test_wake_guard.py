@@ -8,7 +8,7 @@ on a connection of its own (a thread) against a run in this one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
 
@@ -96,36 +96,32 @@ def patient(monkeypatch) -> None:
     monkeypatch.setattr(enqueue, "LONG_TRANSACTION_SECONDS", WAIT)
 
 
+def observe_waiting(monkeypatch, owner: object, name: str) -> threading.Event:
+    """An event set once the check *owner.name* (whether the writers that relied on an
+    ending run or worker have ended) first finds one still in flight."""
+    found = threading.Event()
+    done = getattr(owner, name)
+
+    def observed(*args: object) -> bool:
+        ended = done(*args)
+        if not ended:
+            found.set()
+        return ended
+
+    monkeypatch.setattr(owner, name, observed)
+    return found
+
+
 @pytest.fixture
-def waiting_run(monkeypatch) -> Iterator[threading.Event]:
+def waiting_run(monkeypatch) -> threading.Event:
     """An event set once an ending run has found a publisher still in flight."""
-    found = threading.Event()
-    done = runs.publishers_done
-
-    def observed(stream: str, epoch: int) -> bool:
-        ended = done(stream, epoch)
-        if not ended:
-            found.set()
-        return ended
-
-    monkeypatch.setattr(runs, "publishers_done", observed)
-    yield found
+    return observe_waiting(monkeypatch, runs, "publishers_done")
 
 
 @pytest.fixture
-def waiting_worker(monkeypatch) -> Iterator[threading.Event]:
+def waiting_worker(monkeypatch) -> threading.Event:
     """An event set once a worker whose chunks ended has found an enqueue in flight."""
-    found = threading.Event()
-    done = JobTable.enqueuers_done
-
-    def observed(table: JobTable, epoch: int) -> bool:
-        ended = done(table, epoch)
-        if not ended:
-            found.set()
-        return ended
-
-    monkeypatch.setattr(JobTable, "enqueuers_done", observed)
-    yield found
+    return observe_waiting(monkeypatch, JobTable, "enqueuers_done")
 
 
 @override_settings(**SMALL)
