@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import random
 import statistics
+import threading
 import time
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
+from django.db.models import F
 from django_q.models import Schedule
 
 from django_outbox import publish
@@ -107,3 +109,81 @@ def test_sigkilled_workers_during_a_steady_inflow_lose_and_duplicate_nothing(tmp
     assert kills >= 3, "the test did not kill workers mid-handler"
     assert (len(missing), duplicated) == (0, 0)
     assert {outcome for _, outcome in payloads} == {Outcome.DONE}
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+@pytest.mark.postgres
+def test_a_long_transaction_publishing_beside_a_steady_inflow_leaves_its_latency_alone(tmp_path):
+    """50 single-row commits a second to one stream for 12 s; from the 4th second, one
+    transaction publishes to the same stream every 5 ms and stays open 6 s.
+
+    While it is open, the inflow's commit-to-archive p99 stays within 0.5 s of its p99
+    before. (When such a transaction took the wake guard's lock at every epoch it saw,
+    every ending run waited up to ``PUBLISHERS_WAIT_SECONDS`` for it.)
+    """
+    opened, closed = threading.Event(), threading.Event()
+    window: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def long_transaction() -> None:
+        try:
+            opened.wait(60)
+            with transaction.atomic():
+                window["opened"] = time.monotonic()
+                n = 0
+                while time.monotonic() - window["opened"] < 6:
+                    publish("audit", {"long": n})
+                    n += 1
+                    time.sleep(0.005)  # a batch import's pace, not a wait for a condition
+            window["closed"] = time.monotonic()
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+        finally:
+            closed.set()
+            connections.close_all()
+
+    writer = threading.Thread(target=long_transaction)
+    writer.start()
+    committed: dict[int, float] = {}
+    with qcluster(log=tmp_path / "qcluster.log") as cluster:
+        for n in paced(600, 50):
+            if n == 150:
+                opened.set()
+            with transaction.atomic():
+                publish("audit", {"n": n})
+            committed[n] = time.monotonic()
+        assert closed.wait(60) and not errors, errors
+        writer.join(60)
+        wait_until(
+            lambda: not OutboxEvent.objects.exists(),
+            timeout=120,
+            describe=lambda: OutboxEvent.objects.count(),
+            watch=[cluster],
+        )
+        assert not log_problems(cluster)
+
+    latency = dict(
+        ArchivedEvent.objects.filter(stream="audit", data__payload__has_key="n")
+        .annotate(wait=F("archived_at") - F("created_at"))
+        .values_list("data__payload__n", "wait")
+    )
+    # Before: from the 50th commit on (the cluster's start is behind it).
+    before = [
+        latency[n].total_seconds()
+        for n, at in committed.items()
+        if 50 <= n and at < window["opened"]
+    ]
+    during = [
+        latency[n].total_seconds()
+        for n, at in committed.items()
+        if window["opened"] <= at <= window["closed"]
+    ]
+    print(
+        f"\ninflow beside a long transaction: p99 {p99(before):.3f} s before "
+        f"({len(before)} commits), {p99(during):.3f} s while it was open ({len(during)})"
+    )
+    assert len(latency) == 600 and len(during) >= 200
+    assert p99(during) <= p99(before) + 0.5

@@ -8,6 +8,7 @@ on a connection of its own (a thread) against a run in this one.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import timedelta
@@ -23,6 +24,7 @@ from django_q.signing import SignedPackage
 from django_outbox import publish, runs, transport
 from django_outbox.db import buffer_ops
 from django_outbox.db.unique import JobTable
+from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS as LONG_SECONDS
 from django_outbox.models import ArchivedEvent, JobState, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.runs import set_paused
 from django_outbox.unique import enqueue
@@ -384,3 +386,80 @@ def test_the_worker_that_took_the_wake_waits_for_an_enqueue_that_relied_on_it(
         ("a", JobState.PROCESSED),
         ("k1", JobState.PROCESSED),
     ]
+
+
+# -- the bound: one guard lock per stream and kind per transaction ---------------------
+
+
+def guard_locks() -> int:
+    """The advisory locks this connection's transaction holds."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'"
+        )
+        return cursor.fetchone()[0]
+
+
+def elsewhere(fn: Callable[[], object]) -> None:
+    """Run *fn* on a connection of its own (another session), to its end."""
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive() and not errors, errors
+
+
+@override_settings(**SMALL)
+def test_a_transaction_holds_one_guard_lock_per_stream_however_often_runs_end(patient):
+    a_run_in_flight()
+    ops = buffer_ops(OutboxEvent)
+
+    with transaction.atomic():
+        assert ops.insert_event_guarded("audit", "{}")[1] is True
+        assert ops.insert_event_guarded("audit", "{}")[1] is True  # the same epoch
+        for _ in range(5):
+            elsewhere(lambda: runs.raise_wake_epoch("audit"))  # a run ends elsewhere
+            # The lock it holds no longer covers a run: this write wakes after commit,
+            # and takes no second lock.
+            assert ops.insert_event_guarded("audit", "{}")[1] is False
+        assert guard_locks() == 1
+
+
+def test_a_transaction_holds_one_guard_lock_per_kind_however_often_workers_end(patient):
+    kind_at_concurrency()
+
+    with transaction.atomic():
+        for n in range(5):
+            ThrottledJob.enqueue(key=f"c{n}")
+            # A worker's chunks end elsewhere.
+            elsewhere(lambda: JobTable(ThrottledJob).raise_wake_epoch())
+        assert guard_locks() == 1
+
+
+@override_settings(**SMALL)
+def test_a_transaction_older_than_the_long_bound_takes_no_guard_lock():
+    a_run_in_flight()
+    ops = buffer_ops(OutboxEvent)
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # the transaction starts here (now())
+            deadline = time.monotonic() + WAIT
+            while True:  # until it is older than the bound, in the database's clock
+                cursor.execute(
+                    "SELECT clock_timestamp() - now() > %s", [timedelta(seconds=LONG_SECONDS)]
+                )
+                if cursor.fetchone()[0] or time.monotonic() > deadline:
+                    break
+        assert ops.insert_event_guarded("audit", "{}")[1] is False  # it wakes after commit
+        ThrottledJob.enqueue(key="late")
+        assert guard_locks() == 0

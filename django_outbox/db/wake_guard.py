@@ -16,6 +16,16 @@ transaction outlasts :data:`LONG_TRANSACTION_SECONDS` (shorter) wakes the stream
 its commit, as if it had not skipped. The function answers "wake" in a transaction that
 is not READ COMMITTED (its reads would not see the epoch move).
 
+The locks are bounded: a transaction holds at most one guard lock per stream (and per
+kind), whatever the number of its publishes and however often runs end meanwhile. The
+first publish that relies on a run takes the lock at that run's epoch and records the
+epoch in a transaction-local setting; a later publish of the same transaction skips its
+wake only while the epoch is still that one, and otherwise wakes after commit instead of
+taking a second lock. A transaction older than :data:`LONG_TRANSACTION_SECONDS` (the
+database's clock) takes none: its commit wakes the stream anyway, so a run never waits
+for a long transaction that has not already relied on it, and at most one run (the one
+ending at the recorded epoch) waits for one that has.
+
 The same guard serves unique-job kinds and the ``django.tasks`` backend: an
 ``enqueue()`` whose INSERT finds the kind at its concurrency (every chunk in flight
 dispatches when it ends) skips the dispatch after its commit; a worker whose chunks
@@ -52,32 +62,50 @@ LOCK_KEYS = "hashtext('django_outbox.wake:' || {stream}), mod({epoch}, 214748364
 
 _FUNCTION_KEYS = LOCK_KEYS.format(stream="p_stream", epoch="v_epoch")
 
+#: The transaction-local setting that records the epoch whose lock a transaction holds
+#: for a stream (or kind): its name ends with the MD5 of the stream's (kind's) name.
+HELD_SETTING = "'django_outbox.wake_' || md5({name})"
+
+#: The guard takes no lock in a transaction older than this (in the database's clock):
+#: such a transaction wakes after its commit anyway (:func:`relied_on_recently`).
+_YOUNG = f"clock_timestamp() - now() <= interval '{LONG_TRANSACTION_SECONDS} seconds'"
+
+#: A transaction holds at most one guard lock per stream: the first publish that relies
+#: on a run in flight takes it, at that run's epoch, and records the epoch in a
+#: transaction-local setting (reverted with the lock on a rollback to a savepoint). A
+#: later publish of the same transaction skips its wake only while the epoch is still
+#: that one; once it moved, it wakes after commit instead of taking another lock.
 _CREATE = f"""
 CREATE OR REPLACE FUNCTION {FUNCTION}(p_stream text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_epoch bigint;
     v_skip boolean;
+    v_name text := {HELD_SETTING.format(name="p_stream")};
+    v_held text := current_setting(v_name, true);
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN false;
     END IF;
-    LOOP
-        SELECT s.wake_epoch, NOT s.paused AND EXISTS (
-                SELECT 1 FROM django_outbox_outboxgroup g
-                WHERE g.stream = p_stream AND g.state IN ('claimed', 'running')
-                AND g.lease_expires_at > now())
-          INTO v_epoch, v_skip
-          FROM django_outbox_streamstate s WHERE s.stream = p_stream;
-        IF NOT FOUND OR NOT v_skip THEN
-            RETURN false;
-        END IF;
-        PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS});
-        IF (SELECT s.wake_epoch FROM django_outbox_streamstate s
-            WHERE s.stream = p_stream) = v_epoch THEN
-            RETURN true;
-        END IF;
-    END LOOP;
+    IF coalesce(v_held, '') = '' AND NOT ({_YOUNG}) THEN
+        RETURN false;
+    END IF;
+    SELECT s.wake_epoch, NOT s.paused AND EXISTS (
+            SELECT 1 FROM django_outbox_outboxgroup g
+            WHERE g.stream = p_stream AND g.state IN ('claimed', 'running')
+            AND g.lease_expires_at > now())
+      INTO v_epoch, v_skip
+      FROM django_outbox_streamstate s WHERE s.stream = p_stream;
+    IF NOT FOUND OR NOT v_skip THEN
+        RETURN false;
+    END IF;
+    IF coalesce(v_held, '') <> '' THEN
+        RETURN v_held::bigint = v_epoch;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS});
+    PERFORM set_config(v_name, v_epoch::text, true);
+    RETURN (SELECT s.wake_epoch FROM django_outbox_streamstate s
+            WHERE s.stream = p_stream) = v_epoch;
 END
 $$;
 """
@@ -108,34 +136,41 @@ CREATE OR REPLACE FUNCTION {JOB_FUNCTION}(
 DECLARE
     v_epoch bigint;
     v_running integer;
-    v_relied boolean;
+    v_relied boolean := false;
     v_id bigint;
+    v_name text := {HELD_SETTING.format(name="p_kind")};
+    v_held text := current_setting(v_name, true);
 BEGIN
-    IF current_setting('transaction_isolation') = 'read committed' THEN
-        LOOP
-            -- No state row yet: epoch 0, the one a worker's first end raises.
-            v_epoch := coalesce(
-                (SELECT k.wake_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind), 0);
-            v_relied := false;
-            IF p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
-                v_relied := EXISTS (SELECT 1 FROM django_q_ormq q
-                                    WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
-                                    AND md5(q.payload) = p_last_digest);
-            END IF;
-            IF NOT v_relied THEN
-                EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE state = %L '
-                               'ORDER BY lease_expires_at LIMIT %s) r',
-                               p_table, 'running', p_concurrency)
-                   INTO v_running;
-                v_relied := v_running >= p_concurrency;
-            END IF;
-            EXIT WHEN NOT v_relied;
+    IF current_setting('transaction_isolation') = 'read committed'
+       AND (coalesce(v_held, '') <> '' OR {_YOUNG}) THEN
+        -- No state row yet: epoch 0, the one a worker's first end raises.
+        v_epoch := coalesce(
+            (SELECT k.wake_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind), 0);
+        IF p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
+            v_relied := EXISTS (SELECT 1 FROM django_q_ormq q
+                                WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
+                                AND md5(q.payload) = p_last_digest);
+        END IF;
+        IF NOT v_relied THEN
+            EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE state = %L '
+                           'ORDER BY lease_expires_at LIMIT %s) r',
+                           p_table, 'running', p_concurrency)
+               INTO v_running;
+            v_relied := v_running >= p_concurrency;
+        END IF;
+        IF v_relied AND coalesce(v_held, '') <> '' THEN
+            -- The transaction holds this kind's lock: it still covers this enqueue
+            -- while the epoch has not moved; no second lock either way.
+            v_relied := v_held::bigint = v_epoch;
+        ELSIF v_relied THEN
             PERFORM pg_advisory_xact_lock_shared({_JOB_FUNCTION_KEYS});
-            IF coalesce((SELECT k.wake_epoch FROM django_outbox_kindstate k
-                         WHERE k.kind = p_kind), 0) = v_epoch THEN
-                RETURN {JOB_SKIP};
-            END IF;
-        END LOOP;
+            PERFORM set_config(v_name, v_epoch::text, true);
+            v_relied := coalesce((SELECT k.wake_epoch FROM django_outbox_kindstate k
+                                  WHERE k.kind = p_kind), 0) = v_epoch;
+        END IF;
+        IF v_relied THEN
+            RETURN {JOB_SKIP};
+        END IF;
     END IF;
     IF p_payload IS NULL THEN
         RETURN {JOB_WAKE_AFTER_COMMIT};
@@ -183,6 +218,13 @@ def replace_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_CREATE_JOB, params=None)
         schema_editor.execute(_DROP_JOB_BEFORE_WAKES, params=None)
+
+
+def replace_functions(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Install the current version of both guard functions (PostgreSQL only)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_CREATE, params=None)
+        schema_editor.execute(_CREATE_JOB, params=None)
 
 
 def relied_on_recently(guarded_since: list[float | None], long_seconds: float) -> bool:
