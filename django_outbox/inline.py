@@ -38,6 +38,7 @@ def run_inline(
     until_empty: bool = False,
     max_wait_seconds: float = 300.0,
     on_round: Callable[[RunReport, list[StreamStatus]], None] | None = None,
+    on_wait: Callable[[float, float], None] | None = None,
 ) -> RunReport:
     """Distribute and run the streams here, without a django-q2 cluster.
 
@@ -45,7 +46,8 @@ def run_inline(
     jobs those enqueue, and a run for each group queued for a cluster, to the end.
     With *until_empty*, rounds repeat until no stream has unclaimed rows or groups in
     flight, waiting for retries whose backoff has not passed yet, for at most
-    *max_wait_seconds* in all.
+    *max_wait_seconds* in all. *on_round* is called after each round with the streams'
+    status, *on_wait* before each wait with its length and the seconds waited so far.
     """
     names = streams or list(outbox_settings().streams)
     for name in names:
@@ -81,6 +83,8 @@ def run_inline(
             if waited + delay > max_wait_seconds:
                 report.stopped_because = "timeout"
                 return report
+            if on_wait:
+                on_wait(delay, waited)
             time.sleep(delay)
             waited += delay
 

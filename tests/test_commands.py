@@ -8,7 +8,7 @@ import re
 
 import pytest
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
 from django.test import override_settings
 from django.utils import timezone
@@ -224,7 +224,10 @@ def test_run_until_empty_dead_letters_rows_whose_handler_keeps_failing(handler_m
 
     output = run("outbox_run", "audit", "--until-empty")
 
+    # Without a terminal it says why it waits (once: both backoffs are shorter than 5 s).
     assert re.fullmatch(
+        r"round 1: 1 groups  audit: backlog 0 in flight 1; waiting for retries: the next "
+        r"is due in \d\.\d s \(waited 0 s of --max-wait 300 s\)\n"
         r"Processed 3 groups \(exhausted 1, retrying 2\) in 3 run job\(s\); "
         r"\d+ round\(s\), stopped: empty\.\n",
         output,
@@ -251,6 +254,14 @@ def test_run_until_empty_gives_up_when_retries_are_not_due_within_max_wait(handl
         "Processed 1 groups (retrying 1) in 1 run job(s); 1 round(s), stopped: timeout."
     )
     assert OutboxGroup.objects.get().attempt == 1
+
+
+def test_run_help_shows_the_default_wait():
+    out = io.StringIO()
+    command = load_command_class("django_outbox", "outbox_run")
+    command.create_parser("manage.py", "outbox_run").print_help(out)
+
+    assert "(default: 300)" in " ".join(out.getvalue().split())
 
 
 def test_run_until_empty_on_a_paused_stream_is_a_command_error():

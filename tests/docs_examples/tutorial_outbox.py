@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from django_outbox import Batch, BatchResult
 
-SENT: list[dict] = []  # what the stand-in service received, for the "verify" step
-
 
 def bulk_upsert(records: list[dict]) -> dict[int, str]:
     """Stand-in for the remote service's bulk endpoint: return the rejected records.
@@ -18,7 +16,6 @@ def bulk_upsert(records: list[dict]) -> dict[int, str]:
     Replace it with your client's call. Raise on a transient error (a timeout, a 503):
     the whole group is retried after a backoff.
     """
-    SENT.extend(records)
     return {record["ref"]: "no email address" for record in records if not record["email"]}
 
 

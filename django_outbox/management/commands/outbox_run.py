@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -24,24 +25,39 @@ class Command(BaseCommand):
             "--max-wait",
             type=float,
             default=300.0,
-            help="With --until-empty, give up after waiting this many seconds for retries.",
+            help="With --until-empty, give up after waiting this many seconds in all for "
+            "retries whose backoff has not passed (default: %(default).0f).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         tty = self.stdout.isatty()
+        progress = {"line": "", "said_at": -math.inf}
 
         def on_round(report: RunReport, statuses: list[StreamStatus]) -> None:
+            line = "  ".join(
+                f"{s.stream}: backlog {s.backlog:,} in flight "
+                f"{s.groups_claimed + s.groups_running + s.groups_retrying}"
+                for s in statuses
+            )
+            progress["line"] = (
+                f"round {report.rounds}: {sum(report.outcomes.values()):,} groups  {line}"
+            )
             if tty:
-                line = "  ".join(
-                    f"{s.stream}: backlog {s.backlog:,} in flight "
-                    f"{s.groups_claimed + s.groups_running + s.groups_retrying}"
-                    for s in statuses
-                )
-                self.stdout.write(
-                    f"\rround {report.rounds}: {sum(report.outcomes.values()):,} groups  {line}",
-                    ending="",
-                )
+                self.stdout.write(f"\r{progress['line']}", ending="")
                 sys.stdout.flush()
+
+        def on_wait(delay: float, waited: float) -> None:
+            """Say why the command waits: on a terminal at every wait, else every 5 s."""
+            why = (
+                f"waiting for retries: the next is due in {delay:.1f} s (waited {waited:.0f} s "
+                f"of --max-wait {options['max_wait']:.0f} s)"
+            )
+            if tty:
+                self.stdout.write(f"\r{progress['line']}  {why}", ending="")
+                sys.stdout.flush()
+            elif waited - progress["said_at"] >= 5:
+                progress["said_at"] = waited
+                self.stdout.write(f"{progress['line']}; {why}")
 
         try:
             report = run_inline(
@@ -49,6 +65,7 @@ class Command(BaseCommand):
                 until_empty=options["until_empty"],
                 max_wait_seconds=options["max_wait"],
                 on_round=on_round,
+                on_wait=on_wait,
             )
         except UnknownStream as exc:
             raise CommandError(str(exc)) from exc
