@@ -8,12 +8,14 @@ sections, E09x the partitioned archive (database checks: ``migrate`` and
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.management.commands.migrate import Command as MigrateCommand
 from django.db import DatabaseError, connections, router
 from django.db.migrations.loader import MigrationLoader
 from django.db.models import Q
@@ -483,8 +485,15 @@ def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[Ch
 def check_stream_databases(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Each stream's database has the library's tables: its migrations are all applied."""
+    """Each stream's database has the library's tables: its migrations are all applied.
+
+    Not from the checks ``migrate`` runs before it applies them: a warning that tells
+    the user to run the command they are running is noise (``migrate`` reports a
+    database it cannot read itself).
+    """
     messages: list[CheckMessage] = []
+    if _checked_by_migrate():
+        return messages
     for alias, streams in stream_databases().items():
         if not databases or alias not in databases or alias not in settings.DATABASES:
             continue
@@ -513,6 +522,20 @@ def check_stream_databases(
                 )
             )
     return messages
+
+
+def _checked_by_migrate() -> bool:
+    """Whether these checks run inside ``migrate`` (Django's or a subclass of it).
+
+    ``migrate`` calls the checks with the same arguments as ``check --database``: only
+    the command on the stack tells them apart.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), MigrateCommand):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def unapplied_migrations(connection: Any) -> list[str]:

@@ -377,7 +377,7 @@ CHECK_DOCS: dict[str, str] = {
     "any database that holds a stream; the message names it)",
     "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
     "W006": "a stream's database lacks migrations of django_outbox (database check: "
-    "`migrate` and `check --database` run it)",
+    "`check --database` runs it; `migrate`, which applies them, does not warn)",
     "W007": "a stream's database could not be read to check its migrations",
 }
 
