@@ -12,6 +12,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+import django
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -456,6 +457,42 @@ def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             hint="django_outbox runs its jobs on django-q2: add 'django_q' to INSTALLED_APPS.",
             id="django_outbox.E040",
         )
+    ]
+
+
+#: The app of the ``django.tasks`` backend, and the prefix of its dotted paths.
+TASKS_APP = "django_outbox.tasks_backend"
+
+
+def names_tasks_backend(params: Any) -> bool:
+    """Whether a ``TASKS`` entry's ``BACKEND`` is a dotted path into :data:`TASKS_APP`.
+
+    Read from the path, not by importing it: imported while its app is not installed,
+    the backend's model would join django_outbox's app (and its migrations).
+    """
+    path = params.get("BACKEND") if isinstance(params, dict) else None
+    return isinstance(path, str) and path.startswith(f"{TASKS_APP}.")
+
+
+def tasks_app_missing(alias: str) -> Error:
+    """E084 for the ``TASKS`` alias *alias*."""
+    return Error(
+        f"TASKS[{alias!r}] uses OutboxTaskBackend, but {TASKS_APP} is not in INSTALLED_APPS.",
+        hint=f'Add "{TASKS_APP}" to INSTALLED_APPS (after "django_outbox") and run migrate: '
+        "it holds the task table.",
+        id="django_outbox.E084",
+    )
+
+
+@register()
+def check_tasks_app(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E084 from a plain ``check``: Django registers the task backends' own checks only
+    once ``django.tasks`` is imported, which nothing does while the app is missing."""
+    tasks = getattr(settings, "TASKS", None)
+    if django.VERSION < (6, 0) or apps.is_installed(TASKS_APP) or not isinstance(tasks, dict):
+        return []  # before Django 6.0 no TASKS setting is read
+    return [
+        tasks_app_missing(alias) for alias, params in tasks.items() if names_tasks_backend(params)
     ]
 
 

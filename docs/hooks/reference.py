@@ -363,7 +363,7 @@ CHECK_DOCS: dict[str, str] = {
     "E082": "`workers_field` is not a non-null text field of the kind",
     "E083": "`nullable_keys` is not a boolean",
     "E084": "a `TASKS` alias uses `OutboxTaskBackend` but `django_outbox.tasks_backend` is "
-    "not installed",
+    "not installed (a plain `check` reports it)",
     "E085": "an unknown or bad option in a `TASKS` alias's `OPTIONS`",
     "E086": "two `TASKS` aliases of the backend set an option differently",
     "E090": "the partitioned archive's table records no valid interval (on any database "
