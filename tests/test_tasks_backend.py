@@ -6,6 +6,8 @@ with the code the cluster runs. Django 6.0+ only (django.tasks).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import deque
 from datetime import timedelta
 from unittest import mock
@@ -15,6 +17,7 @@ import pytest
 pytest.importorskip("django.tasks", reason="django.tasks exists from Django 6.0 on")
 
 from asgiref.sync import async_to_sync
+from django.core.checks import run_checks
 from django.db import transaction
 from django.db.models.functions import Now
 from django.tasks import TaskResultStatus, task_backends
@@ -34,7 +37,7 @@ from django_outbox.tasks_backend.backend import exception_path
 from django_outbox.tasks_backend.models import TaskRecord
 from django_outbox.unique.dispatch import RUN, dispatch
 from tests import taskfuncs
-from tests.procs import held, in_forked_child
+from tests.procs import ROOT, child_env, held, in_forked_child
 from tests.taskfuncs import (
     add,
     async_add,
@@ -458,9 +461,32 @@ def test_e086_aliases_share_the_options():
         ]
 
 
-def test_e084_the_app_must_be_installed():
+def test_e084_a_plain_check_reports_a_backend_whose_app_is_not_installed():
+    """As a project that forgot the app runs it: ``manage.py check`` in a fresh process,
+    where nothing imports ``django.tasks`` (so Django's task checks are not registered)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        env=child_env(OUTBOX_TEST_NO_TASKS_APP="1"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 1
+    [line] = [line for line in done.stderr.splitlines() if "django_outbox.E084" in line]
+    assert line.endswith(
+        "(django_outbox.E084) TASKS['default'] uses OutboxTaskBackend, but "
+        "django_outbox.tasks_backend is not in INSTALLED_APPS."
+    )
+    assert 'HINT: Add "django_outbox.tasks_backend" to INSTALLED_APPS' in done.stderr
+
+
+def test_e084_comes_once_when_djangos_task_checks_run_too():
     with mock.patch.object(backend_checks.apps, "is_installed", return_value=False):
-        assert [m[0] for m in ids()] == ["django_outbox.E084"]
+        messages = [m.id for m in run_checks() if m.id == "django_outbox.E084"]
+        assert messages == ["django_outbox.E084"]
+        assert ids() == []  # a path into our package: django_outbox's own check reports it
 
 
 @pytest.mark.parametrize(

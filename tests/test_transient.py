@@ -10,6 +10,7 @@ from django.db import IntegrityError, OperationalError
 from django_outbox import transport
 from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.db import buffer_ops
+from django_outbox.lease import ERROR_LIMIT
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup
 from django_outbox.runs import claim_group
 from tests.conftest import publish_unwoken
@@ -26,9 +27,9 @@ class DeadlockDetected(Exception):
     sqlstate = "40P01"
 
 
-def transient(cause: type[Exception]) -> OperationalError:
+def transient(cause: type[Exception], detail: str = "") -> OperationalError:
     error = OperationalError("could not serialize access due to concurrent update")
-    error.__cause__ = cause()
+    error.__cause__ = cause(detail)
     return error
 
 
@@ -65,16 +66,20 @@ def test_finalize_runs_again_after_a_serialization_failure():
 
 def test_a_finalize_that_keeps_failing_counts_as_a_failed_attempt_and_keeps_the_rows():
     group_id = claimed_group()
+    # A traceback longer than the stored error in any checkout (its file paths alone do
+    # not decide whether it is cut).
+    failure = transient(SerializationFailure, "detail " * ERROR_LIMIT)
 
-    with mock.patch.object(
-        ops_class(), "archive_group_fenced", side_effect=transient(SerializationFailure)
-    ) as archive:
+    with mock.patch.object(ops_class(), "archive_group_fenced", side_effect=failure) as archive:
         assert process_group("audit", group_id) is ProcessOutcome.RETRYING
 
     assert archive.call_count == 3
     group = OutboxGroup.objects.get(pk=group_id)
     assert group.state == GroupState.RETRYING and group.attempt == 1
-    assert group.last_error.startswith("finalize failed:")
+    assert group.last_error.startswith("finalize failed: ")
+    assert "characters cut" in group.last_error
+    assert group.last_error.endswith("could not serialize access due to concurrent update")
+    assert len(group.last_error) <= ERROR_LIMIT
     assert OutboxEvent.objects.filter(group_id=group_id).count() == 5
     assert not ArchivedEvent.objects.exists()
 

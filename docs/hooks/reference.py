@@ -363,7 +363,7 @@ CHECK_DOCS: dict[str, str] = {
     "E082": "`workers_field` is not a non-null text field of the kind",
     "E083": "`nullable_keys` is not a boolean",
     "E084": "a `TASKS` alias uses `OutboxTaskBackend` but `django_outbox.tasks_backend` is "
-    "not installed",
+    "not installed (a plain `check` reports it)",
     "E085": "an unknown or bad option in a `TASKS` alias's `OPTIONS`",
     "E086": "two `TASKS` aliases of the backend set an option differently",
     "E090": "the partitioned archive's table records no valid interval (on any database "
@@ -377,7 +377,7 @@ CHECK_DOCS: dict[str, str] = {
     "any database that holds a stream; the message names it)",
     "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
     "W006": "a stream's database lacks migrations of django_outbox (database check: "
-    "`migrate` and `check --database` run it)",
+    "`check --database` runs it; `migrate`, which applies them, does not warn)",
     "W007": "a stream's database could not be read to check its migrations",
 }
 

@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
 
 from django_outbox.conf import outbox_settings
+from django_outbox.lease import last_line
 from django_outbox.staging import drain
+
+logger = logging.getLogger(__name__)
 
 
 def _positive(kind: type) -> Any:
@@ -27,7 +33,8 @@ def _positive(kind: type) -> Any:
 class Command(BaseCommand):
     help = (
         "Forward staged jobs to django-q2. Loops until SIGTERM/SIGINT, sleeping with "
-        "exponential backoff while nothing is due; --once drains one pass and exits."
+        "exponential backoff while nothing is due or the broker or the database fails; "
+        "--once drains one pass and exits."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -65,8 +72,23 @@ class Command(BaseCommand):
                 previous[signum] = signal.signal(signum, lambda *_: stop.set())
         try:
             sleep = options["min_sleep"]
+            failing: _Outage | None = None
             while not stop.is_set():
-                result = drain(limit=limit)
+                try:
+                    result = drain(limit=limit)
+                except Exception as exc:
+                    if options["once"]:
+                        raise
+                    # As django-q2's own loop does: the pass rolled back, its jobs stay due.
+                    failing = failing or _Outage.begin(exc, options["max_sleep"])
+                    failing.tries += 1
+                    close_old_connections()  # a broken connection is opened anew
+                    stop.wait(sleep)
+                    sleep = min(sleep * 2, options["max_sleep"])
+                    continue
+                if failing is not None:
+                    failing.end()
+                    failing = None
                 forwarded += result.forwarded
                 kept += result.kept
                 if result.forwarded or result.kept:
@@ -86,3 +108,30 @@ class Command(BaseCommand):
         if kept:
             summary += f"; kept {kept:,} with an error (see the staged job's last_error)"
         self.stdout.write(summary + ".")
+
+
+class _Outage:
+    """A run of failed drain passes (the broker or the database is away): logged once
+    when it begins and once when a pass works again."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.tries = 0
+
+    @classmethod
+    def begin(cls, exc: Exception, max_sleep: float) -> _Outage:
+        logger.warning(
+            "Draining staged jobs failed (%s); the due jobs stay staged and the drainer "
+            "tries again with backoff, every %s s at most, until it works.",
+            last_line(str(exc)) or type(exc).__name__,
+            max_sleep,
+            exc_info=exc,
+        )
+        return cls()
+
+    def end(self) -> None:
+        logger.warning(
+            "Draining staged jobs works again, after %s failed pass(es) in %.1f s.",
+            self.tries,
+            time.monotonic() - self.started,
+        )

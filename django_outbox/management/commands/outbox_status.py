@@ -1,16 +1,24 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.exceptions import UnknownStream
-from django_outbox.status import all_statuses, staged_counts
+from django_outbox.staging import staging_databases
+from django_outbox.status import all_statuses, staged_status
+
+#: A kept staged job's error is shortened to this many characters in the text output.
+ERROR_WIDTH = 160
 
 
 class Command(BaseCommand):
-    help = "Show each stream's backlog, lag, groups in flight and recent throughput."
+    help = (
+        "Show each stream's backlog, lag, groups in flight and recent throughput, and the "
+        "staged jobs kept with an error."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("streams", nargs="*", help="Streams to show (default: all).")
@@ -21,8 +29,10 @@ class Command(BaseCommand):
             statuses = all_statuses(options["streams"] or None)
         except UnknownStream as exc:
             raise CommandError(str(exc)) from exc
+        staged = staged_status()
         if options["json"]:
-            self.stdout.write(json.dumps([s.as_json() for s in statuses], indent=2))
+            data = {"streams": [s.as_json() for s in statuses], "staged_jobs": staged}
+            self.stdout.write(json.dumps(data, indent=2))
             return
         header = (
             f"{'stream':<20} {'state':<7} {'backlog':>9} {'lag':>8} {'claimed':>7} "
@@ -69,9 +79,19 @@ class Command(BaseCommand):
                     "dead-lettered and are kept with their rows: see their last_error "
                     "(admin: groups, state dead_lettering)."
                 )
-        staged = staged_counts()
         if staged["kept"]:
             self.stdout.write(
                 f"{staged['kept']:,} staged job(s) kept with an error and not forwarded: see "
                 "their last_error (admin: staged jobs), fix the cause, then 'Forward now'."
             )
+            self._name_kept(staged)
+
+    def _name_kept(self, staged: dict[str, Any]) -> None:
+        many_databases = len(staging_databases()) > 1
+        for job in staged["kept_jobs"]:
+            where = f" (database {job['database']})" if many_databases else ""
+            error = textwrap.shorten(job["error"], ERROR_WIDTH, placeholder=" …")
+            self.stdout.write(f"  #{job['id']}{where} {job['func']}: {error}")
+        more = staged["kept"] - len(staged["kept_jobs"])
+        if more > 0:
+            self.stdout.write(f"  … and {more:,} more.")
