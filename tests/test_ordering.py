@@ -9,6 +9,7 @@ serializes them).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import random
 import threading
@@ -21,7 +22,7 @@ from unittest import mock
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -29,6 +30,7 @@ from django.test.utils import CaptureQueriesContext
 from django_outbox import publish, publish_many, steer, transport
 from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.conf import get_stream
+from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError
 from django_outbox.models import (
     ArchivedEvent,
@@ -129,6 +131,50 @@ def test_a_key_with_a_group_in_flight_is_not_claimed_again():
     _, c1, _, none = add("a", "c", "b", None)
 
     assert claim() == {c1, none}  # a and b wait for their group; a NULL key is not ordered
+
+
+GENERIC = {"HANDLER": "tests.testapp.handlers.record", "ORDER_KEY": "account"}
+
+
+@pytest.mark.parametrize("buffer", ["custom", "generic"])
+def test_the_key_of_a_row_in_a_group_cannot_change_so_its_later_rows_wait(buffer):
+    """An application that re-keys a claimed row would free its old key, and the key's
+    later rows would overtake it: the UPDATE is refused; a waiting row may be re-keyed."""
+    if buffer == "custom":
+        model, key, stream = OrderedEvent, "aggregate_id", STREAM
+
+        def row() -> int:
+            return add("a")[0]
+    else:
+        model, key, stream = OutboxEvent, "order_key", "generic-ordered"
+
+        def row() -> int:
+            return buffer_ops(OutboxEvent).insert_event(stream, "{}", order_key="a")
+
+    with (
+        override_settings(
+            DJANGO_OUTBOX={
+                **DJANGO_OUTBOX,
+                "STREAMS": {**DJANGO_OUTBOX["STREAMS"], stream: GENERIC},
+            }
+        )
+        if buffer == "generic"
+        else contextlib.nullcontext()
+    ):
+        a1 = row()
+        with transport.capture():
+            first = claim_group(stream)
+        assert model.objects.get(id=a1).group_id == first.group_id
+        a2 = row()
+
+        with pytest.raises(IntegrityError, match="ORDER_KEY of a buffer row in a group"):
+            with transaction.atomic():
+                model.objects.filter(id=a1).update(**{key: "b"})
+        assert getattr(model.objects.get(id=a1), key) == "a"
+        with transport.capture():
+            assert claim_group(stream).group_id is None  # a2 waits behind a1
+        model.objects.filter(id=a1).update(**{key: "a"})  # the same key: allowed
+        model.objects.filter(id=a2).update(**{key: "c"})  # a waiting row: free to change
 
 
 def test_a_claim_takes_a_prefix_of_each_key_and_the_rest_waits():
