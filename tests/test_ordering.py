@@ -315,6 +315,40 @@ def test_a_dead_letter_holds_its_key_until_an_operator_releases_it(handler_mode)
     assert ArchivedEvent.objects.get(event_id=a1).outcome == Outcome.FAILED
 
 
+def test_the_guides_procedure_delivers_a_held_dead_letter_before_the_later_rows(handler_mode):
+    """docs/how-to/ordered-streams.md, Held keys, step by step: rows 0-4 of one key, row
+    2 poisoned, are dead-lettered from row 2 on; rows 5-7 are published after. Replay
+    the dead letter (``outbox_replay --group``), then release the key: the handler
+    delivers the key's rows in their order, 0 to 7."""
+    seqs = [OrderedEvent(aggregate_id="a", seq=n) for n in range(5)]
+    with unwoken():
+        OrderedEvent.objects.bulk_create(seqs)
+    assert claim()
+    group = group_of(seqs[0].id)
+    OutboxGroup.objects.filter(id=group.id).update(attempt=2)  # its last attempt next
+    handler_mode("fail-seq:2")
+    assert process(group) is ProcessOutcome.EXHAUSTED  # 0, 1 done; 2, 3, 4 dead letters
+    handler_mode("ok")
+    with unwoken():
+        OrderedEvent.objects.bulk_create(OrderedEvent(aggregate_id="a", seq=n) for n in (5, 6, 7))
+    assert list(HeldKey.objects.values_list("key", "group_id")) == [("a", group.id)]
+
+    runner = InlineRunner()
+    with runner.capturing():
+        call_command("outbox_replay", "--group", str(group.id), stdout=io.StringIO())
+        release_keys(STREAM, ["a"])
+    runner.drain()
+
+    by_event = {
+        event_id: data["seq"]
+        for event_id, data in ArchivedEvent.objects.filter(stream=STREAM).values_list(
+            "event_id", "data"
+        )
+    }
+    assert [by_event[event_id] for event_id in delivered()["a"]] == list(range(8))
+    assert not OutboxEvent.objects.exists() and not OrderedEvent.objects.exists()
+
+
 @streams(ORDER_AFTER_DEAD_LETTER="continue")
 def test_with_continue_a_dead_letter_lets_its_key_go_on(handler_mode):
     _, a2 = exhaust_key_a(handler_mode)
