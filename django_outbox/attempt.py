@@ -84,15 +84,24 @@ def _take(
 ) -> tuple[int, uuid.UUID | None, int, int] | None:
     """:func:`take_lease`, with the group's sibling (the other half of the split it came
     from, :mod:`django_outbox.isolate`; None for a claimed group), split depth and size
-    (0 for a run's reservation, whose rows are claimed once it runs)."""
+    (0 for a run's reservation, whose rows are claimed once it runs).
+
+    The take checks the stream's pause in the same statement: a queued group of a
+    paused stream is not taken but goes back to the queue, due when the pause ends
+    (:func:`django_outbox.budget.hold_back`), its attempt unchanged.
+    """
     taken = group_leases(config).take_row(
         group_id,
         worker_identity(),
         where={"stream": config.name, "state": GroupState.CLAIMED},
         next_attempt=True,
         returning=("sibling_id", "split_depth", "size"),
+        condition=budget.unpaused(config),  # no handler call starts during a pause
     )
-    return (taken[0], taken[1], taken[2], taken[3]) if taken else None
+    if not taken:
+        budget.hold_back(config, group_id)  # paused: due when the pause ends
+        return None
+    return (taken[0], taken[1], taken[2], taken[3])
 
 
 @on_stream_database

@@ -21,10 +21,17 @@ of the stream starts before it.
 * **A pause** (:class:`~django_outbox.exceptions.RetryAfter` from a handler: a 429).
   The group goes back to the queue with its attempt unchanged, due when the pause
   ends; the stream's ``paused_until`` and ``next_call_at`` move to the pause's end; its
-  queued groups wait for it too. No claim is made meanwhile.
+  queued groups wait for it too. No handler call of the stream starts meanwhile: each
+  is preceded by a check of the pause in the database, in the statement that hands
+  the worker its group, the last one before the call (:func:`unpaused`): the claim of
+  a run's next group (a paused stream's claim takes nothing), the take of a queued
+  group's lease (refused: the group goes back to the queue, due when the pause ends,
+  :func:`hold_back`), and for a budgeted stream the slot's reservation, read again
+  after a wait for the slot (:func:`take_slot`). No run, reservation or rescue starts
+  during a pause (:func:`admits`). An operator's pause (``paused``) holds the same way.
 
-A stream without a budget reads and writes nothing more per call: its claims look at the
-``paused_until`` of the state row they already hold, and only while it is set.
+A stream without a budget reads and writes nothing more per call: the pause's check is
+a condition of the claim or the take, one probe of the state row inside that statement.
 """
 
 from __future__ import annotations
@@ -36,13 +43,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from django_outbox.batch import group_leases
 from django_outbox.conf import StreamConfig
 from django_outbox.db import budget as budget_sql
 from django_outbox.db import connection_for, database_now
+from django_outbox.db.base import unpaused as unpaused_sql
 from django_outbox.exceptions import RetryAfter
 from django_outbox.lease import clip
 from django_outbox.models import GroupState, OutboxGroup, StreamState
@@ -54,12 +62,15 @@ WAIT_SECONDS = 1.0
 def admits(config: StreamConfig, state: StreamState | None, *, calls_next: bool = False) -> bool:
     """Whether a claim of the stream may start now: not paused, not ahead of its budget.
 
-    Called before every claim with the state row the caller holds; a stream without a
-    pause on that row costs nothing when it has no budget, or when the claimer calls
+    Called before every claim with the state row the caller holds, and before runs
+    start (a fan-out, distribute; *calls_next* there: only the pause); a stream without
+    a pause on that row costs nothing when it has no budget, or when the claimer calls
     the handler next (*calls_next*: the run loop), whose reservation
     (:func:`take_slot`) keeps the budget. Otherwise one read of the row, in the
     database's clock: the stream is held while paused, or while its next call slot is
-    more than half of ``WAIT_SECONDS`` away. A pause that has passed is cleared.
+    more than half of ``WAIT_SECONDS`` away. A pause that has passed is cleared. The
+    claim statement checks the pause itself (:func:`unpaused`): a row read before the
+    pause began cannot let a claim through.
     """
     unbudgeted = not config.budgeted or calls_next
     if state is None or (unbudgeted and state.paused_until is None):
@@ -76,6 +87,45 @@ def admits(config: StreamConfig, state: StreamState | None, *, calls_next: bool 
         )
         state.paused_until = None
     return True
+
+
+def unpaused(config: StreamConfig) -> tuple[str, list[Any]]:
+    """The condition, for a statement on the stream's tables, that the stream is not
+    paused (by an operator, or by a handler's pause until it ends)."""
+    return unpaused_sql(connection_for(StreamState), config.name)
+
+
+def _pauses(stream: str) -> Any:
+    """The stream's state row while it is paused: by an operator, or by a handler's
+    pause that has not ended (in the database's clock)."""
+    return StreamState.objects.filter(Q(paused=True) | Q(paused_until__gt=Now()), stream=stream)
+
+
+def pause_end(config: StreamConfig) -> datetime | None:
+    """When the stream's pause ends (now for an operator's pause, which ends when it is
+    resumed), or None when it is not paused. One read of the state row."""
+    until = Greatest(Coalesce("paused_until", Now()), Now())
+    return _pauses(config.name).annotate(until=until).values_list("until", flat=True).first()
+
+
+def hold_back(config: StreamConfig, group_id: uuid.UUID) -> bool:
+    """A queued group whose lease the stream's pause refused: back to the queue, due
+    when the pause ends, its attempt unchanged (a run's reservation, which holds no
+    rows, is dropped); whether it was."""
+    until = _pauses(config.name).values("paused_until")[:1]
+    queued = OutboxGroup.objects.filter(
+        id=group_id, stream=config.name, state=GroupState.CLAIMED
+    ).filter(Exists(_pauses(config.name)))
+    if queued.filter(size=0).delete()[0]:
+        return True
+    return bool(
+        queued.update(
+            state=GroupState.RETRYING,
+            next_attempt_at=Greatest(Coalesce(Subquery(until), Now()), Now()),
+            lease_expires_at=None,
+            updated_at=Now(),
+        )
+    )
 
 
 def claim_limit(config: StreamConfig, batch_size: int) -> int:
@@ -96,6 +146,8 @@ def take_slot(config: StreamConfig, group_id: uuid.UUID | None = None) -> dateti
     The slot is weighted by the rows of group *group_id* under ``ROWS_PER_SECOND``.
     When the slot is further than ``WAIT_SECONDS`` away, reserve nothing and return when
     the stream may call next: the caller hands its group back (:func:`defer_group`).
+    A pause moves the slots past its end; one that began while this worker waited for
+    its slot is read once the wait is over, and its end returned the same way.
     Nothing to do for a stream without a budget.
     """
     if not config.budgeted:
@@ -114,6 +166,7 @@ def take_slot(config: StreamConfig, group_id: uuid.UUID | None = None) -> dateti
         if wait is not None:
             if wait > 0:
                 time.sleep(wait)  # at most WAIT_SECONDS: the stream's pace
+                return pause_end(config)  # a pause that began meanwhile holds the call
             return None
         found = StreamState.objects.filter(stream=config.name).values_list(
             "next_call_at", flat=True

@@ -182,10 +182,12 @@ class LeaseTable:
         next_attempt: bool = False,
         stamp: tuple[str, ...] = (),
         returning: tuple[str, ...] = (),
+        condition: tuple[str, list[Any]] | None = None,
     ) -> tuple[Any, ...] | None:
         """:meth:`take`, returning the attempt and the fields named in *returning*.
 
         The same one statement: the fields come back with the lease, at no extra cost.
+        *condition* (SQL and its parameters) must hold too: the stream not paused, say.
         """
         fields = [concrete_field(self.model, name) for name in returning]
         taken = lease_sql.take(
@@ -197,6 +199,7 @@ class LeaseTable:
             running=self.running if next_attempt else None,
             stamp=(*stamp, self.touch) if self.touch else stamp,
             returning=[column_name(field) for field in fields],
+            condition=condition,
         )
         if taken is None:
             return None

@@ -6,6 +6,9 @@ code path (the ORM, ``bulk_create``, ``QuerySet.update()``, raw SQL, another ser
 writing to the same database). The event is written by the statement that changed the
 row, so it commits and rolls back with it and costs the transaction no extra round trip.
 
+``GuardOrderKey`` makes an ordered stream's buffer refuse an UPDATE that changes the
+key of a row in a group (a trigger), so no later row of the key can overtake it.
+
 ``PartitionArchive`` partitions the archive by outcome and time on PostgreSQL, so that
 retention drops whole partitions instead of deleting rows (see
 :mod:`django_outbox.partitions`).
@@ -23,9 +26,18 @@ from django.db.migrations.operations.base import Operation
 from django_outbox.conf import STREAM_NAME, outbox_settings
 from django_outbox.db import database_now
 from django_outbox.db import partitions as partition_sql
-from django_outbox.db.triggers import OPERATIONS, TriggerSpec, create_statements, drop_statements
+from django_outbox.db.triggers import (
+    OPERATIONS,
+    KeyGuardSpec,
+    TriggerSpec,
+    create_statements,
+    drop_statements,
+    key_guard_drop_statements,
+    key_guard_statements,
+)
 
 __all__ = [
+    "GuardOrderKey",
     "PartitionArchive",
     "PublishTrigger",
 ]
@@ -147,6 +159,76 @@ class PublishTrigger(Operation):
             columns=columns,
             on=list(self.on),
         )
+
+
+class GuardOrderKey(Operation):
+    """Refuse to change the ``ORDER_KEY`` of a buffer row while it is in a group.
+
+    An ordered stream's claim keeps a key's later rows in the buffer while a row of the
+    key is in a group (claimed, running, waiting for a retry), reading the key's value
+    in the buffer: a row whose key changed in flight would free its old key, and the
+    old key's later rows would overtake it. ``GuardOrderKey("orderevent", "account_id")``
+    in a migration of the buffer model's app installs a trigger that makes such an
+    UPDATE fail (``IntegrityError``, naming the rule); a row still waiting may be
+    re-keyed. The trigger runs only for an UPDATE that sets the key column: the
+    pipeline's statements never do. The generic buffer has it (``order_key``).
+    """
+
+    reversible = True
+    reduces_to_sql = True
+
+    def __init__(self, model_name: str, field: str) -> None:
+        self.model_name = model_name
+        self.field = field
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return self.__class__.__qualname__, [self.model_name, self.field], {}
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        """Change nothing in the model state: triggers live only in the database."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        spec = self._spec(app_label, schema_editor, to_state)
+        if spec is not None:
+            for sql in key_guard_statements(schema_editor.connection, spec):
+                schema_editor.execute(sql, params=None)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        spec = self._spec(app_label, schema_editor, from_state)
+        if spec is not None:
+            for sql in key_guard_drop_statements(schema_editor.connection, spec):
+                schema_editor.execute(sql, params=None)
+
+    def describe(self) -> str:
+        return f"Refuse changes of {self.model_name}.{self.field} while its row is in a group"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"guard_{self.model_name.lower()}_{self.field.lower()}"
+
+    def _spec(self, app_label: str, schema_editor: Any, state: Any) -> KeyGuardSpec | None:
+        """Resolve the table and columns from the migration state; None when not routed here."""
+        model = state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return None
+        columns = []
+        for name in (self.field, "group_id"):
+            try:
+                field = model._meta.get_field(name)
+            except FieldDoesNotExist:
+                raise ValueError(
+                    f"GuardOrderKey on {app_label}.{self.model_name}: no field {name!r}."
+                ) from None
+            if not getattr(field, "concrete", False) or field.column is None:
+                raise ValueError(
+                    f"GuardOrderKey on {app_label}.{self.model_name}: {name!r} has no column."
+                )
+            columns.append(field.column)
+        return KeyGuardSpec(table=model._meta.db_table, key=columns[0], group=columns[1])
 
 
 class PartitionArchive(Operation):

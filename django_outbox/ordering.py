@@ -9,6 +9,9 @@ alive keeps its keys blocked: a retry's backoff, a lease a rescue will take back
 crashed worker's group, a group whose dead-lettering failed. Concurrent claims of the
 stream (``CHAINS`` runs) are serialized on PostgreSQL, each seeing the groups of the one
 before, so none skips a row another claim is taking to take the key's later rows.
+The claim reads the key's value on the rows in groups, so the key of a row in a group
+must not change: the buffer's key guard (a trigger,
+:class:`~django_outbox.operations.GuardOrderKey`) refuses such an UPDATE.
 
 What is left for this module: the group operations that must not split a key apart.
 

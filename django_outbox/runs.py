@@ -128,7 +128,8 @@ def effective_batch_size(config: StreamConfig, state: StreamState | None) -> int
 
 @on_stream_database
 def set_paused(stream: str, paused: bool) -> None:
-    """Pause or resume a stream: no claim is made while it is paused.
+    """Pause or resume a stream: no claim is made, and no queued group taken, while it
+    is paused (the group goes back to the queue: :func:`django_outbox.budget.hold_back`).
 
     Resuming distributes the stream once the change commits: groups whose retry came
     due meanwhile are re-enqueued, and runs start for the backlog at once, up to
@@ -253,7 +254,8 @@ def start_runs(
     enqueue a run for it while there is room and rows to claim. With *reserve* (a full
     claim's fan-out, distribute, a resume) each run gets a reservation instead: a
     queued group of no rows, which counts as a run in flight and whose job claims its
-    rows when it runs (:func:`django_outbox.attempt.process_group`). When a run in
+    rows when it runs (:func:`django_outbox.attempt.process_group`). A paused stream
+    (by an operator, or by a handler's pause until it ends) starts nothing. When a run in
     flight stands in the way (none may start, or *only_if_idle* and one is in flight),
     raise the stream's ``wanted`` flag (unless not *announce*): that run claims again
     before it ends. Returns the number of runs started.
@@ -264,8 +266,8 @@ def start_runs(
     def locked() -> int:
         with transaction.atomic(using=alias):
             state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
-            if state.paused:
-                return 0
+            if state.paused or not admits(config, state, calls_next=True):
+                return 0  # paused: by an operator, or a handler's pause not yet over
             in_flight = runs_in_flight(stream)
             room = 0 if only_if_idle and in_flight else max(config.chains - in_flight, 0)
             if room and not transport.in_transaction_hand_off(alias):
@@ -598,11 +600,11 @@ def distribute(stream: str) -> DistributeResult:
     for it up to ``CHAINS`` in flight. Where the stream keeps a claim floor, a floor
     that passed the lowest unclaimed row (the count reads it) is lowered below it
     first: the floor's safety net (:mod:`django_outbox.claim_floor`). Paused streams
-    are skipped.
+    are skipped, and so are streams under a handler's pause until it ends.
     """
     config = get_stream(stream)
     state = runtime_state(stream)
-    if state.paused:
+    if state.paused or not admits(config, state, calls_next=True):
         return DistributeResult(stream, paused=True)
     requeued, exhausted = requeue_due_groups(config)
     batch_size = effective_batch_size(config, state)

@@ -121,9 +121,11 @@ def _due_now(ids: Collection[Any], states: list[str], due_field: str) -> Steered
 def release_keys(stream: str, keys: Collection[str]) -> int:
     """Release held keys of an ordered stream: their later rows go on. Returns how many.
 
-    The dead letters that held them stay in the archive (replay them first if they must
-    be delivered before the key's later rows: replayed rows get new ids, and are claimed
-    with the key's waiting rows in id order, so after those already waiting).
+    The dead letters that held them stay in the archive. Replay them first if they must
+    be delivered before the key's later rows: a dead letter replayed while it holds its
+    keys goes back as one group of its own, which the key's waiting rows stay behind
+    (:func:`django_outbox.replay.replay_failed`). Replayed after the release, its rows
+    (new ids) come after the rows that waited.
     """
     released, _ = HeldKey.objects.filter(stream=stream, key__in=list(keys)).delete()
     if released:

@@ -9,6 +9,8 @@ be late, never early), so a slow machine cannot make them fail.
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from io import StringIO
 
@@ -16,17 +18,17 @@ import pytest
 from django.conf import settings
 from django.core.checks import run_checks
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.urls import reverse
 
-from django_outbox import RetryAfter, publish, publish_many
+from django_outbox import RetryAfter, budget, publish, publish_many, transport
 from django_outbox.attempt import ProcessOutcome
 from django_outbox.db import database_now
 from django_outbox.distribute import distribute
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
-from django_outbox.runs import claim_group, run
+from django_outbox.runs import claim_group, run, start_runs
 from django_outbox.status import stream_status
 from tests.conftest import InlineRunner, publish_unwoken
 from tests.procs import (
@@ -470,3 +472,200 @@ def test_the_guides_handler_pauses_its_stream_on_a_429():
         runner.distribute("crm")  # the answer is 200 now
     assert ArchivedEvent.objects.filter(stream="crm").count() == 5
     assert len(rate_limits.crm.bodies) == 2
+
+
+# -- a pause holds every run of the stream ---------------------------------------------
+
+
+class Race:
+    """Two runs of one stream in two threads: run A's first handler call asks for a
+    pause while run B holds a group. Every call is recorded with whether the stream's
+    pause had been seen committed when the call started."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, list[int], str]] = []
+        self.phase = "before"  # "paused" once the pause has committed, then "over"
+        self.a_calling = threading.Event()
+        self.b_calling = threading.Event()
+        self.paused = threading.Event()  # set once the pause has committed
+        self.errors: list[BaseException] = []
+
+    def call(self, batch, *, first_asks: str) -> None:
+        """The handler: the first call (run A's) waits for *first_asks*, then pauses."""
+        ids = list(batch.ids)
+        with self.lock:
+            role = "A" if not self.calls else "B" if len(self.calls) == 1 else "later"
+            self.calls.append((role, ids, self.phase))
+        if role == "A":
+            self.a_calling.set()
+            if first_asks == "b-calling":
+                assert self.b_calling.wait(30), "run B never called"
+            else:
+                assert self.b_reserved(), "run B never took its slot"
+            raise RetryAfter(30, "429 Too Many Requests")
+        if role == "B":
+            self.b_calling.set()
+            assert self.paused.wait(30), "run A's pause never committed"
+
+    def b_reserved(self) -> bool:
+        """Run B took the stream's second call slot (and waits for it)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if StreamState.objects.filter(stream="paced", budget_calls__gte=2).exists():
+                return True
+            time.sleep(0.01)
+        return False
+
+    def thread(self, target) -> threading.Thread:
+        def body() -> None:
+            try:
+                with transport.capture():
+                    target()
+            except BaseException as exc:  # reported by the test
+                self.errors.append(exc)
+            finally:
+                connections.close_all()
+
+        started = threading.Thread(target=body)
+        started.start()
+        return started
+
+    def pause_committed(self) -> None:
+        self.phase = "paused"
+        self.paused.set()
+
+    def calls_in(self, phase: str) -> list[list[int]]:
+        return [ids for _, ids, when in self.calls if when == phase]
+
+
+race: Race | None = None
+
+
+def race_handler(batch) -> None:
+    assert race is not None
+    race.call(batch, first_asks="b-calling")
+
+
+def race_paced_handler(batch) -> None:
+    assert race is not None
+    race.call(batch, first_asks="b-reserved")
+
+
+def await_pause(stream: str) -> None:
+    wait_until(
+        lambda: StreamState.objects.filter(stream=stream, paused_until__gt=Now()).exists(), 30
+    )
+
+
+@pytest.fixture
+def two_runs():
+    global race
+    race = Race()
+    yield race
+    race = None
+
+
+def test_a_pause_stops_a_second_run_that_goes_on_with_its_state_read_before_it(
+    two_runs, monkeypatch
+):
+    """Run B's handler call started before run A's pause (it finishes); B then goes on
+    with the stream state it read before the pause: it claims nothing, and no run, no
+    reservation, no distribute starts during the pause. After it, every row goes."""
+    import django_outbox.runs
+
+    monkeypatch.setattr(django_outbox.runs, "RECHECK_SECONDS", 3600.0)  # B keeps its state
+    raced = {**AUDIT, "HANDLER": "tests.test_budget.race_handler"}
+    ids = publish_unwoken("audit", [{"n": n} for n in range(6)])
+    with streams(audit=raced):
+        a = two_runs.thread(lambda: run("audit"))
+        assert two_runs.a_calling.wait(30)
+        b = two_runs.thread(lambda: run("audit"))
+        await_pause("audit")
+        two_runs.pause_committed()
+        for thread in (a, b):
+            thread.join(60)
+        assert not two_runs.errors, two_runs.errors
+        assert not a.is_alive() and not b.is_alive()
+        assert two_runs.calls_in("paused") == []  # B's next claim took nothing
+        with transport.capture() as queue:
+            assert start_runs("audit", 2, reserve=True) == 0  # a fan-out starts nothing
+            assert start_runs("audit", 1) == 0
+            assert distribute("audit").runs_started == 0
+        assert not queue
+        assert OutboxEvent.objects.filter(stream="audit", group_id__isnull=True).count() == 2
+
+        pass_the_pause("audit")
+        two_runs.phase = "over"
+        InlineRunner().distribute("audit")
+    assert sorted(two_runs.calls_in("over")) == [ids[0:2], ids[4:6]]
+    assert ArchivedEvent.objects.filter(stream="audit").count() == 6
+
+
+def test_a_run_waiting_for_its_slot_when_the_stream_pauses_hands_its_group_back(
+    two_runs, monkeypatch
+):
+    """Run B holds a claimed group and waits for its call slot when run A's handler
+    asks for a pause: B does not call the handler; its group goes back to the queue,
+    attempt unchanged, due when the pause ends, and is delivered after it."""
+    monkeypatch.setattr(budget, "WAIT_SECONDS", 10.0)  # B waits out a 4 s slot
+    raced = {**PACED, "HANDLER": "tests.test_budget.race_paced_handler"}
+    raced.update(CALLS_PER_SECOND=0.25, CHAINS=2)
+    ids = publish_unwoken("paced", [{"n": n} for n in range(2)])
+    with streams(paced=raced):
+        a = two_runs.thread(lambda: run("paced"))
+        assert two_runs.a_calling.wait(30)
+        outcomes: list[ProcessOutcome] = []
+        b = two_runs.thread(lambda: outcomes.extend(run("paced")))
+        await_pause("paced")
+        two_runs.pause_committed()
+        for thread in (a, b):
+            thread.join(60)
+        assert not two_runs.errors, two_runs.errors
+        assert outcomes == [ProcessOutcome.DEFERRED]
+        assert [role for role, _, _ in two_runs.calls] == ["A"]  # B called nothing
+        until = StreamState.objects.get(stream="paced").paused_until
+        groups = OutboxGroup.objects.filter(stream="paced", size__gt=0)  # A's, B's
+        assert {(g.state, g.attempt, g.next_attempt_at) for g in groups} == {
+            (GroupState.RETRYING, 0, until)
+        }
+        assert groups.count() == 2
+
+        pass_the_pause("paced")
+        two_runs.phase = "over"
+        InlineRunner().distribute("paced")
+    assert sorted(two_runs.calls_in("over")) == [[ids[0]], [ids[1]]]
+    assert ArchivedEvent.objects.filter(stream="paced").count() == 2
+
+
+def test_a_queued_group_taken_during_a_pause_goes_back_and_no_run_starts():
+    """A group queued for a job when the stream's pause is already set (rescued, split,
+    or queued by a claim that read the state before the pause) is not handed to the
+    handler: its job takes nothing and the group waits for the pause, attempt unchanged.
+    No fan-out, run or distribute starts anything meanwhile."""
+    publish_unwoken("audit", [{"n": n} for n in range(4)])
+    runner = InlineRunner()
+    with streams():
+        with runner.capturing():
+            queued = claim_group("audit")  # its job waits in the queue
+        StreamState.objects.filter(stream="audit").update(
+            paused_until=Now() + timedelta(seconds=30)
+        )
+        with transport.capture() as started:
+            assert start_runs("audit", 2, reserve=True) == 0
+            assert start_runs("audit", 1) == 0
+            assert distribute("audit").runs_started == 0
+        assert not started
+        assert [job.run() for job in runner.jobs] == [[]]
+        assert not HandledCall.objects.exists()
+        group = OutboxGroup.objects.get(id=queued.group_id)
+        until = StreamState.objects.get(stream="audit").paused_until
+        assert (group.state, group.attempt, group.next_attempt_at) == (
+            GroupState.RETRYING,
+            0,
+            until,
+        )
+        pass_the_pause("audit")
+        runner.distribute("audit")
+    assert ArchivedEvent.objects.filter(stream="audit").count() == 4
+    assert sorted(HandledCall.objects.values_list("attempt", flat=True)) == [1, 1]

@@ -9,6 +9,7 @@ serializes them).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import random
 import threading
@@ -21,7 +22,7 @@ from unittest import mock
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -29,6 +30,7 @@ from django.test.utils import CaptureQueriesContext
 from django_outbox import publish, publish_many, steer, transport
 from django_outbox.attempt import ProcessOutcome, process_group
 from django_outbox.conf import get_stream
+from django_outbox.db import buffer_ops
 from django_outbox.exceptions import PayloadError
 from django_outbox.models import (
     ArchivedEvent,
@@ -129,6 +131,50 @@ def test_a_key_with_a_group_in_flight_is_not_claimed_again():
     _, c1, _, none = add("a", "c", "b", None)
 
     assert claim() == {c1, none}  # a and b wait for their group; a NULL key is not ordered
+
+
+GENERIC = {"HANDLER": "tests.testapp.handlers.record", "ORDER_KEY": "account"}
+
+
+@pytest.mark.parametrize("buffer", ["custom", "generic"])
+def test_the_key_of_a_row_in_a_group_cannot_change_so_its_later_rows_wait(buffer):
+    """An application that re-keys a claimed row would free its old key, and the key's
+    later rows would overtake it: the UPDATE is refused; a waiting row may be re-keyed."""
+    if buffer == "custom":
+        model, key, stream = OrderedEvent, "aggregate_id", STREAM
+
+        def row() -> int:
+            return add("a")[0]
+    else:
+        model, key, stream = OutboxEvent, "order_key", "generic-ordered"
+
+        def row() -> int:
+            return buffer_ops(OutboxEvent).insert_event(stream, "{}", order_key="a")
+
+    with (
+        override_settings(
+            DJANGO_OUTBOX={
+                **DJANGO_OUTBOX,
+                "STREAMS": {**DJANGO_OUTBOX["STREAMS"], stream: GENERIC},
+            }
+        )
+        if buffer == "generic"
+        else contextlib.nullcontext()
+    ):
+        a1 = row()
+        with transport.capture():
+            first = claim_group(stream)
+        assert model.objects.get(id=a1).group_id == first.group_id
+        a2 = row()
+
+        with pytest.raises(IntegrityError, match="ORDER_KEY of a buffer row in a group"):
+            with transaction.atomic():
+                model.objects.filter(id=a1).update(**{key: "b"})
+        assert getattr(model.objects.get(id=a1), key) == "a"
+        with transport.capture():
+            assert claim_group(stream).group_id is None  # a2 waits behind a1
+        model.objects.filter(id=a1).update(**{key: "a"})  # the same key: allowed
+        model.objects.filter(id=a2).update(**{key: "c"})  # a waiting row: free to change
 
 
 def test_a_claim_takes_a_prefix_of_each_key_and_the_rest_waits():
@@ -267,6 +313,40 @@ def test_a_dead_letter_holds_its_key_until_an_operator_releases_it(handler_mode)
     runner.drain()
     assert delivered()["a"] == [a2]
     assert ArchivedEvent.objects.get(event_id=a1).outcome == Outcome.FAILED
+
+
+def test_the_guides_procedure_delivers_a_held_dead_letter_before_the_later_rows(handler_mode):
+    """docs/how-to/ordered-streams.md, Held keys, step by step: rows 0-4 of one key, row
+    2 poisoned, are dead-lettered from row 2 on; rows 5-7 are published after. Replay
+    the dead letter (``outbox_replay --group``), then release the key: the handler
+    delivers the key's rows in their order, 0 to 7."""
+    seqs = [OrderedEvent(aggregate_id="a", seq=n) for n in range(5)]
+    with unwoken():
+        OrderedEvent.objects.bulk_create(seqs)
+    assert claim()
+    group = group_of(seqs[0].id)
+    OutboxGroup.objects.filter(id=group.id).update(attempt=2)  # its last attempt next
+    handler_mode("fail-seq:2")
+    assert process(group) is ProcessOutcome.EXHAUSTED  # 0, 1 done; 2, 3, 4 dead letters
+    handler_mode("ok")
+    with unwoken():
+        OrderedEvent.objects.bulk_create(OrderedEvent(aggregate_id="a", seq=n) for n in (5, 6, 7))
+    assert list(HeldKey.objects.values_list("key", "group_id")) == [("a", group.id)]
+
+    runner = InlineRunner()
+    with runner.capturing():
+        call_command("outbox_replay", "--group", str(group.id), stdout=io.StringIO())
+        release_keys(STREAM, ["a"])
+    runner.drain()
+
+    by_event = {
+        event_id: data["seq"]
+        for event_id, data in ArchivedEvent.objects.filter(stream=STREAM).values_list(
+            "event_id", "data"
+        )
+    }
+    assert [by_event[event_id] for event_id in delivered()["a"]] == list(range(8))
+    assert not OutboxEvent.objects.exists() and not OrderedEvent.objects.exists()
 
 
 @streams(ORDER_AFTER_DEAD_LETTER="continue")

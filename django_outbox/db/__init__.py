@@ -52,10 +52,12 @@ GENERIC_ORDER_COLUMN = "order_key"
 
 def stream_buffer(config: StreamConfig) -> BufferOps:
     """The buffer operations of a stream: its model, filtered to it in the shared buffer;
-    an ordered stream's claim keeps each key's rows in order (:mod:`django_outbox.db.ordered`)."""
+    its claims take nothing while it is paused; an ordered stream's claim keeps each
+    key's rows in order (:mod:`django_outbox.db.ordered`)."""
     ops = buffer_ops(
         config.model_class, config.name if config.is_generic else None, alias=config.alias
     )
+    ops.paused_by = config.name  # a claim takes nothing while the stream is paused
     if config.order_key is not None:
         # The generic buffer keeps the value of the payload key ORDER_KEY names in a
         # column of its own.

@@ -14,7 +14,7 @@ from django.db.models import Field, Model, QuerySet
 from django.db.models.sql import DeleteQuery
 
 from django_outbox.db.dialect import dialect_of
-from django_outbox.models import ArchivedEvent
+from django_outbox.models import ArchivedEvent, StreamState
 
 if TYPE_CHECKING:
     from django_outbox.db.ordered import OrderedSQL
@@ -34,6 +34,23 @@ def delete_sql(queryset: QuerySet) -> tuple[str, tuple[Any, ...]]:
     query = queryset.query.chain(DeleteQuery)
     sql, params = query.get_compiler(queryset.db).as_sql()
     return sql, tuple(params)
+
+
+def unpaused(connection: BaseDatabaseWrapper, stream: str) -> tuple[str, list[Any]]:
+    """A condition that holds while *stream* is not paused, and its parameters.
+
+    Paused: by an operator (``paused``) or by a handler's
+    :class:`~django_outbox.exceptions.RetryAfter` that has not ended (``paused_until``,
+    in the database's clock). One probe of the state row's primary key, uncorrelated:
+    the statement that carries it (a claim, a lease's take) checks the pause at no
+    extra round trip.
+    """
+    state = connection.ops.quote_name(StreamState._meta.db_table)
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {state} WHERE stream = %s "
+        f"AND (paused OR paused_until > {dialect_of(connection).now}))",
+        [stream],
+    )
 
 
 def column_name(field: Field[Any, Any]) -> str:
@@ -96,6 +113,11 @@ class BufferOps:
     #: with no regard to keys.
     ordered: OrderedSQL | None = None
 
+    #: The stream whose pause stops the claim (set by
+    #: :func:`django_outbox.db.stream_buffer`): while it is paused the claim statement
+    #: takes nothing (:func:`unpaused`). None: the claim does not look.
+    paused_by: str | None = None
+
     def claim_sql(self, floor: int = 0) -> tuple[str, list[Any]]:
         """The single statement that stamps up to n unclaimed rows with a group.
 
@@ -115,14 +137,26 @@ class BufferOps:
             f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} "
             f"ORDER BY {order} LIMIT %s{self.dialect.skip_locked}"
         )
-        return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
+        return self.claim_update(pick, params)
 
     def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
         """:meth:`claim_sql` of an ordered stream (:meth:`OrderedSQL.pick`)."""
         assert self.ordered is not None
         pick = self.ordered.pick()
         params = self.ordered.pick_params(floor, 0)[:-1]  # the limit comes last
-        return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
+        return self.claim_update(pick, params)
+
+    def claim_update(self, pick: str, params: list[Any]) -> tuple[str, list[Any]]:
+        """The claim's UPDATE of the ids *pick* matches (parameters *params*, then the
+        limit): nothing while the stream :attr:`paused_by` is paused. The pause is
+        tested first, once: a paused stream's claim picks and locks no row."""
+        if self.paused_by is None:
+            return f"UPDATE {self.table} SET group_id = %s WHERE {pick}", params
+        gate, gate_params = unpaused(self.connection, self.paused_by)
+        return (
+            f"UPDATE {self.table} SET group_id = %s WHERE {gate} AND {pick}",
+            [*gate_params, *params],
+        )
 
     def claim(self, group_id: uuid.UUID, limit: int, floor: int = 0) -> Claimed:
         """Stamp up to *limit* unclaimed rows, oldest first, with *group_id*.

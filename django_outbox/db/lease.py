@@ -22,6 +22,7 @@ def take(
     running: str | None = None,
     stamp: Sequence[str] = (),
     returning: Sequence[str] = (),
+    condition: tuple[str, Sequence[Any]] | None = None,
 ) -> tuple[Any, ...] | None:
     """Lease the row *pk* to *worker* for *lease_seconds* if it matches *where*.
 
@@ -29,8 +30,8 @@ def take(
     without it, the row keeps the attempt a dispatcher gave it. Columns named in *stamp*
     get the database's now (``updated_at``, ``started_at``). *where* maps column names
     to values (``None``: ``IS NULL``), so a second delivery of the same work takes
-    nothing. Returns the attempt leased followed by the columns named in *returning*, or
-    None.
+    nothing; *condition* (SQL and its parameters) must hold too. Returns the attempt
+    leased followed by the columns named in *returning*, or None.
     """
     connection = connection_for(model)
     dialect = dialect_of(connection)
@@ -50,6 +51,9 @@ def take(
         else:
             conditions.append(f"{qn(column)} = %s")
             params.append(value)
+    if condition is not None:
+        conditions.append(condition[0])
+        params.extend(condition[1])
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {qn(model._meta.db_table)} SET {', '.join(assignments)} "

@@ -33,10 +33,10 @@ class PostgresBufferOps(BufferOps):
             f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} AND id > %s "
             f"ORDER BY {self._order()} LIMIT %s{self.dialect.skip_locked}"
         )
+        update, update_params = self.claim_update(pick, [*params, floor])
         return (
-            f"WITH claimed AS (UPDATE {self.table} SET group_id = %s WHERE {pick} "
-            "RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed",
-            [*params, floor],
+            f"WITH claimed AS ({update} RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed",
+            update_params,
         )
 
     def insert_event_guarded(

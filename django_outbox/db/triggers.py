@@ -4,6 +4,9 @@ The trigger inserts into the generic buffer inside the statement that wrote the 
 the event commits or rolls back with it and costs no extra round trip. One trigger per
 operation (insert, update, delete); an update publishes only when a listed column
 changed.
+
+Key guards: an ordered stream's buffer refuses an UPDATE that changes the key of a row
+in a group (:func:`key_guard_statements`).
 """
 
 from __future__ import annotations
@@ -129,3 +132,62 @@ def _sqlite_create(spec: TriggerSpec, qn: Callable[[str], str]) -> list[str]:
             f"{_literal(spec.stream)}, json_object({_payload_pairs(spec, qn, row, op)})); END"
         )
     return statements
+
+
+# -- the key guard of ordered streams -------------------------------------------------
+
+#: Why an UPDATE of an ordered row's key is refused (the error's text).
+KEY_IN_GROUP = (
+    "django_outbox: the ORDER_KEY of a buffer row in a group (claimed, running or "
+    "waiting for a retry) cannot change: the claim holds back the key's later rows by "
+    "the key's value. Change the key before the row is claimed, or publish a new row."
+)
+
+
+@dataclass(frozen=True)
+class KeyGuardSpec:
+    """The guard of *table*'s ordered key column *key*: refused while *group* is set."""
+
+    table: str
+    key: str
+    group: str = "group_id"
+
+    @property
+    def name(self) -> str:
+        digest = hashlib.sha1(f"{self.table}\0{self.key}".encode()).hexdigest()[:10]
+        return f"outbox_key_{self.table[:18]}_{digest}"
+
+
+def key_guard_statements(connection: BaseDatabaseWrapper, spec: KeyGuardSpec) -> list[str]:
+    """The statements that install *spec*'s trigger: an UPDATE that changes the key of a
+    row in a group fails (``IntegrityError``). It fires only for an UPDATE that sets the
+    key column: the claim, which sets the group, and the archive's DELETE never run it."""
+    qn = connection.ops.quote_name
+    name, table, key, group = qn(spec.name), qn(spec.table), qn(spec.key), qn(spec.group)
+    if _vendor(connection) == "sqlite":
+        return [
+            f"CREATE TRIGGER {name} BEFORE UPDATE OF {key} ON {table} FOR EACH ROW "
+            f"WHEN OLD.{group} IS NOT NULL AND OLD.{key} IS NOT NEW.{key} "
+            f"BEGIN SELECT RAISE(ABORT, {_literal(KEY_IN_GROUP)}); END"
+        ]
+    return [
+        f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $outbox$\n"
+        f"BEGIN\n  RAISE EXCEPTION USING ERRCODE = 'check_violation', "
+        f"MESSAGE = {_literal(KEY_IN_GROUP)}, "
+        f"DETAIL = format('The row''s key is %s, its group %s.', OLD.{key}, OLD.{group});"
+        "\nEND\n$outbox$",
+        f"CREATE TRIGGER {name} BEFORE UPDATE OF {key} ON {table} FOR EACH ROW "
+        f"WHEN (OLD.{group} IS NOT NULL AND OLD.{key} IS DISTINCT FROM NEW.{key}) "
+        f"EXECUTE FUNCTION {name}()",
+    ]
+
+
+def key_guard_drop_statements(connection: BaseDatabaseWrapper, spec: KeyGuardSpec) -> list[str]:
+    """The statements that remove *spec*'s trigger (and function) again."""
+    qn = connection.ops.quote_name
+    if _vendor(connection) == "sqlite":
+        return [f"DROP TRIGGER IF EXISTS {qn(spec.name)}"]
+    return [
+        f"DROP TRIGGER IF EXISTS {qn(spec.name)} ON {qn(spec.table)}",
+        f"DROP FUNCTION IF EXISTS {qn(spec.name)}()",
+    ]

@@ -140,7 +140,8 @@ def record_ordered(batch: Batch) -> BatchResult | None:
     """Record the batch of the ordered stream; fail rows as the test asks.
 
     Modes (the cache key): ``ok``; ``raise``; ``fail-key:<key>`` fails the first row of
-    that aggregate in the batch; ``poison`` raises for a batch holding a row with seq 0.
+    that aggregate in the batch; ``fail-seq:<n>`` fails the rows whose seq is n;
+    ``poison`` raises for a batch holding a row with seq 0.
     """
     rows = batch.rows("id", "aggregate_id", "seq")
     HandledCall.objects.create(
@@ -156,6 +157,10 @@ def record_ordered(batch: Batch) -> BatchResult | None:
         key = mode.split(":", 1)[1]
         first = next((row["id"] for row in rows if row["aggregate_id"] == key), None)
         return BatchResult({first: "rejected"}) if first is not None else None
+    if mode.startswith("fail-seq:"):
+        seq = int(mode.split(":", 1)[1])
+        failed = {row["id"]: "rejected" for row in rows if row["seq"] == seq}
+        return BatchResult(failed) if failed else None
     if mode == "poison" and any(row["seq"] == 0 for row in rows):
         raise PermanentFailure("the API rejected the batch: 422 (poison)")
     return None
