@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
     """An ordered row's key cannot change while the row is in a group."""
 
     dependencies = [
-        ('django_outbox', '0021_job_wake_function'),
+        ('django_outbox', '0022_bounded_wake_guard'),
     ]
 
     operations = [
