@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -171,10 +171,11 @@ def run_attempt(
     keeps its exactly-once effects (if its commit went through before the connection
     died, the lease is gone and the second run changes nothing).
     """
-    if config.budgeted:
-        deferred = _await_budget(config, group_id, attempt)
-        if deferred is not None:
-            return deferred
+    deferred = _await_budget(config, group_id, attempt) if config.budgeted else None
+    if deferred is None:
+        deferred = _hold_for_pause(config, group_id, attempt)
+    if deferred is not None:
+        return deferred
     with tracing.deliver(config.name, group_id, attempt, split_depth) as links:
         outcome = _run_attempt(Batch(config, group_id, attempt, links=links))
         tracing.outcome(links, outcome.value)
@@ -233,6 +234,37 @@ def _await_budget(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> Pr
     )
     if until is None:
         return None
+    return _defer(config, group_id, attempt, until)
+
+
+def _hold_for_pause(
+    config: StreamConfig, group_id: uuid.UUID, attempt: int
+) -> ProcessOutcome | None:
+    """Check the stream's pause right before the handler call (one read of the state
+    row): None when the call may start, DEFERRED when the group went back to the queue,
+    due when the pause ends, its attempt not spent.
+
+    The claim and the take check the pause in their own statements; this read closes the
+    window between them and the call (a floor move, a fan-out, a budget slot), so no
+    handler call of the stream starts once a pause is recorded.
+    """
+    until = outlast_outage(
+        partial(budget.pause_end, config),
+        connection_for(OutboxGroup).alias,
+        what=f"the pause of stream {config.name}",
+        wait_seconds=config.outage_seconds,
+    )
+    if until is None:
+        return None
+    return _defer(config, group_id, attempt, until)
+
+
+def _defer(
+    config: StreamConfig, group_id: uuid.UUID, attempt: int, until: datetime
+) -> ProcessOutcome:
+    """Hand the leased group back, due at *until*, its attempt not spent."""
+    what = f"group {group_id} of stream {config.name}"
+    alias = connection_for(OutboxGroup).alias
     try:
         outlast_outage(
             partial(budget.defer, config, group_id, attempt, until),

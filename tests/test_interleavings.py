@@ -47,11 +47,6 @@ def test_clean(seed):
 # -- the seeds that found a defect ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=interleavings.TooManyLocks,
-    reason="issue 36 item 1: the wake guard takes one lock per epoch per transaction",
-)
 def test_seed_a_transaction_publishing_across_a_runs_end_holds_one_guard_lock():
     run_scenario(PROFILES["wake_guard"], 7)
 
@@ -74,20 +69,10 @@ def test_seed_rows_of_a_cached_sequence_are_claimed():
     run_scenario(PROFILES["floor_cache"], 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=interleavings.CalledWhilePaused,
-    reason="issue 36 item 3: a RetryAfter pause does not stop a second run's handler call",
-)
 def test_seed_a_retry_after_pause_stops_the_other_runs_handler_calls():
     run_scenario(PROFILES["retry_after"], 6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=interleavings.KeyOvertaken,
-    reason="issue 36 item 4: a row re-keyed while claimed lets its old key's rows overtake",
-)
 def test_seed_a_row_re_keyed_while_claimed_is_not_overtaken_by_its_old_keys_rows():
     run_scenario(PROFILES["rekey"], 9)
 
