@@ -56,6 +56,7 @@ def stream_buffer(config: StreamConfig) -> BufferOps:
     ops = buffer_ops(
         config.model_class, config.name if config.is_generic else None, alias=config.alias
     )
+    ops.floor_stream = config.name
     if config.order_key is not None:
         # The generic buffer keeps the value of the payload key ORDER_KEY names in a
         # column of its own.
