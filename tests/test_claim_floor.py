@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from psycopg.copy import LibpqWriter
 
@@ -29,6 +30,7 @@ from django_outbox.publishing import publish, publish_many
 from django_outbox.runs import claim_group, run
 from django_outbox.status import stream_status
 from tests.conftest import InlineRunner, publish_unwoken, unwoken
+from tests.settings import DJANGO_OUTBOX, ORDERED_STREAM
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -544,3 +546,44 @@ def test_a_streams_own_buffer_table_gets_the_trigger_after_migrate():
     assert FloorHole.objects.filter(stream="marketing", low=below.id).exists()
 
     assert claim_marketing() == [below.id]
+
+
+def test_an_ordered_streams_row_below_the_floor_goes_first_and_frees_its_key():
+    """A row of an ordered stream written below the floor neither waits nor holds back
+    its key's later rows: the next claim takes it, then them."""
+    from tests.testapp.models import OrderedEvent
+
+    stream = "ordered"
+    options = {**DJANGO_OUTBOX, "STREAMS": {**DJANGO_OUTBOX["STREAMS"], stream: ORDERED_STREAM}}
+    with override_settings(DJANGO_OUTBOX=options):
+        claim_floor.install_triggers(connection.alias)
+        StreamState.objects.get_or_create(stream=stream)
+        table = OrderedEvent._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT nextval(pg_get_serial_sequence('{table}', 'id'))")
+            (early,) = cursor.fetchone()
+
+        def claim_ordered() -> list[tuple[int, str]]:
+            state = StreamState.objects.get(stream=stream)
+            result = claim_group(stream, run_here=True, state=state)
+            claim_floor.claimed(stream, result.highest_id)
+            rows = OrderedEvent.objects.filter(group_id=result.group_id).order_by("id")
+            return list(rows.values_list("id", "aggregate_id")) if result.group_id else []
+
+        with unwoken():
+            others = OrderedEvent.objects.bulk_create(
+                [OrderedEvent(aggregate_id="other") for _ in range(2)]
+            )
+        assert claim_ordered() == [(row.id, "other") for row in others]
+        deadline = time.monotonic() + 60
+        while StreamState.objects.get(stream=stream).claim_floor < others[-1].id:
+            assert time.monotonic() < deadline
+            claim_floor.advance(
+                get_stream(stream), StreamState.objects.get(stream=stream), force=True
+            )
+
+        with unwoken():
+            OrderedEvent.objects.create(id=early, aggregate_id="k")  # below the floor
+            later = OrderedEvent.objects.create(aggregate_id="k")
+
+        assert claim_ordered() == [(early, "k"), (later.id, "k")]
