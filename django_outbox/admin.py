@@ -576,6 +576,12 @@ class StreamStateAdmin(StreamDatabaseAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def save_model(self, request: HttpRequest, obj: StreamState, form: Any, change: bool) -> None:
+        """Write only the fields the operator changed: the pipeline writes the others
+        meanwhile (the claim floor's, the wake epoch), and an old value written back
+        could let the floor pass a row."""
+        obj.save(update_fields=list(form.changed_data))
+
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Overriding a batch size changes what the pipeline does: operators only."""
         return super().has_change_permission(request, obj) and self.has_operate_permission(request)

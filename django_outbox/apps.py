@@ -27,6 +27,10 @@ class OutboxConfig(AppConfig):
         post_migrate.connect(
             _create_state_rows, sender=self, dispatch_uid="django_outbox.create_state_rows"
         )
+        # The claim floor's trigger on each stream's own buffer table (PostgreSQL).
+        post_migrate.connect(
+            _install_floor_triggers, sender=self, dispatch_uid="django_outbox.floor_triggers"
+        )
 
         if apps.is_installed("django.contrib.admin"):
             # After the admin's autodiscover (when "django.contrib.admin" is listed first,
@@ -74,3 +78,9 @@ def _create_state_rows(sender: AppConfig, using: str = "default", **kwargs: obje
     with connections[using].cursor() as cursor:  # not there after migrating to zero
         if StreamState._meta.db_table in connections[using].introspection.table_names(cursor):
             create_state_rows(using)
+
+
+def _install_floor_triggers(sender: AppConfig, using: str = "default", **kwargs: object) -> None:
+    from django_outbox.claim_floor import install_triggers
+
+    install_triggers(using)

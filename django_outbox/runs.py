@@ -178,9 +178,9 @@ def claim_group(
             _drop_reservation(config, *reservation)
         return ClaimResult(stream, None, 0, 0)
     limit = effective_batch_size(config, state)
-    floor = state.claim_floor if state is not None else 0
     group_id = reservation[0] if reservation is not None else uuid.uuid4()
     ops = stream_buffer(config)
+    floor = claim_floor.claim_start(config, state, ops)
     alias = connection_for(config.model_class).alias
     lease = Now() + timedelta(seconds=config.lease_seconds)
     queued = Now() + queued_lease(config)
@@ -470,13 +470,10 @@ class _Run:
         )
 
     def _advance_floor(self, claim: ClaimResult, state: StreamState) -> None:
-        """Move the stream's claim floor after this claim (at most once a second)."""
+        """Take a step of the stream's claim floor after this claim (at most once a
+        second); *state* holds the floor as the step left it."""
         claim_floor.claimed(self.stream, claim.highest_id)
-        floor = self._outlasting(
-            partial(claim_floor.advance, self.config, state.claim_floor), "a claim floor's move"
-        )
-        if floor is not None:
-            state.claim_floor = floor
+        self._outlasting(partial(claim_floor.advance, self.config, state), "a claim floor's move")
 
     def _read_state(self) -> StreamState:
         self.state = self._outlasting(partial(runtime_state, self.stream), "a run's state read")

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db.models import Count
 
+from django_outbox import claim_floor
 from django_outbox.conf import get_stream, on_stream_database, outbox_settings
 from django_outbox.db import database_now, stream_buffer
 from django_outbox.db.runs import runs_in_flight
@@ -55,6 +56,7 @@ class StreamStatus:
     budget_rows: int = 0  # rows handed to the handler under the row budget (a counter)
     paused_until: datetime | None = None  # a handler's RetryAfter, while it lasts
     pause_seconds: float = 0.0  # what is left of the pause
+    claim_floor_off: str = ""  # why the stream keeps no claim floor on PostgreSQL, if so
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -74,8 +76,8 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
     buffer = stream_buffer(config)
     # Above the claim floor, as claims read (PostgreSQL): a held snapshot leaves dead
     # entries below it that a count from the oldest end would step over, every scrape.
-    # A late row below the floor is seen once distribute has lowered the floor to it.
-    floor = state.claim_floor if state is not None and buffer.keeps_claim_floor else 0
+    # A row written below the floor is counted once the claims have taken it.
+    floor = claim_floor.claim_start(config, state, buffer)
     backlog = buffer.count_unclaimed(cap, floor)
     unclaimed = model._default_manager.using(config.alias).filter(
         group_id__isnull=True, id__gt=floor
@@ -116,6 +118,7 @@ def stream_status(stream: str, *, cap: int = COUNT_CAP) -> StreamStatus:
         budget_rows=state.budget_rows if state else 0,
         paused_until=paused_until,
         pause_seconds=(paused_until - now).total_seconds() if paused_until else 0.0,
+        claim_floor_off=claim_floor.off_reason(config),
     )
 
 

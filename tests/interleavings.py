@@ -939,7 +939,7 @@ def floor_program(actor: Actor) -> None:
         stream = actor.rng.choice(STREAMS)
         actor.gate(f"floor mover: advance {stream}")
         state = StreamState.objects.get(stream=stream)
-        claim_floor.advance(get_stream(stream), state.claim_floor, force=True)
+        claim_floor.advance(get_stream(stream), state, force=True)
 
 
 def rekey_program(actor: Actor) -> None:

@@ -14,6 +14,7 @@ from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import IntegrityError, connections, transaction
+from django.db.models.signals import pre_save
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -431,6 +432,29 @@ def test_a_batch_size_override_is_editable_and_obeyed(admin_client):
         publish_many("audit", [{"n": n} for n in range(7)])
     runner.drain()
     assert ArchivedEvent.objects.values("group_id").distinct().count() == 3
+
+
+def test_a_batch_size_override_writes_back_none_of_the_pipelines_columns(admin_client):
+    """The pipeline moves the claim floor while the operator's request runs: the save
+    must not write the value the request read back over it."""
+
+    def pipeline_moves_the_floor(sender, instance, **kwargs):
+        StreamState.objects.filter(stream=instance.stream).update(
+            claim_floor=500, floor_pending=600, floor_barrier=[7]
+        )
+
+    pre_save.connect(pipeline_moves_the_floor, sender=StreamState)
+    try:
+        response = admin_client.post(
+            reverse("admin:django_outbox_streamstate_change", args=["audit"]),
+            {"batch_size_override": "3"},
+        )
+    finally:
+        pre_save.disconnect(pipeline_moves_the_floor, sender=StreamState)
+    assert response.status_code == 302
+    state = StreamState.objects.get(stream="audit")
+    assert state.batch_size_override == 3
+    assert (state.claim_floor, state.floor_pending, state.floor_barrier) == (500, 600, [7])
 
 
 def test_the_stream_state_changelist_writes_nothing_and_migrate_adds_missing_rows(admin_client):

@@ -113,6 +113,7 @@ def test_status_json_is_machine_readable():
         "budget_rows": 0,
         "paused_until": None,
         "pause_seconds": 0.0,
+        "claim_floor_off": "",
     }
     assert data[0]["paused"] is True
     assert data[0]["backlog"] == 0

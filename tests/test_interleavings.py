@@ -51,20 +51,10 @@ def test_seed_a_transaction_publishing_across_a_runs_end_holds_one_guard_lock():
     run_scenario(PROFILES["wake_guard"], 7)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=interleavings.RowsStranded,
-    reason="issue 36 item 2: the claim floor strands rows with explicit low ids",
-)
 def test_seed_rows_with_explicit_low_ids_are_claimed():
     run_scenario(PROFILES["floor"], 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=interleavings.RowsStranded,
-    reason="issue 36 item 2: the claim floor strands rows of a sequence with CACHE 20",
-)
 def test_seed_rows_of_a_cached_sequence_are_claimed():
     run_scenario(PROFILES["floor_cache"], 1)
 

@@ -58,6 +58,7 @@ def stream_buffer(config: StreamConfig) -> BufferOps:
         config.model_class, config.name if config.is_generic else None, alias=config.alias
     )
     ops.paused_by = config.name  # a claim takes nothing while the stream is paused
+    ops.floor_stream = config.name
     if config.order_key is not None:
         # The generic buffer keeps the value of the payload key ORDER_KEY names in a
         # column of its own.

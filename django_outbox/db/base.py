@@ -107,6 +107,13 @@ class BufferOps:
     #: snapshot can see it (PostgreSQL), a claim from the index's oldest end would step
     #: over all of them. SQLite removes the entry with the row.
     keeps_claim_floor = False
+    #: The stream whose claim floor's holes a claim reads (set by
+    #: :func:`django_outbox.db.stream_buffer`), where :attr:`keeps_claim_floor`.
+    floor_stream: str | None = None
+
+    def floor_start(self, floor: int) -> tuple[str, list[Any]]:
+        """The SQL of the id a claim starts above, and its parameters: *floor* here."""
+        return "%s", [floor]
 
     #: The ordered statements of an ordered stream (``ORDER_KEY``), set by
     #: :func:`django_outbox.db.stream_buffer`; None: the claim takes rows in id order
@@ -142,8 +149,9 @@ class BufferOps:
     def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
         """:meth:`claim_sql` of an ordered stream (:meth:`OrderedSQL.pick`)."""
         assert self.ordered is not None
-        pick = self.ordered.pick()
-        params = self.ordered.pick_params(floor, 0)[:-1]  # the limit comes last
+        start, start_params = self.floor_start(floor)
+        pick = self.ordered.pick(start)
+        params = self.ordered.pick_params(start_params, 0)[:-1]  # the limit comes last
         return self.claim_update(pick, params)
 
     def claim_update(self, pick: str, params: list[Any]) -> tuple[str, list[Any]]:

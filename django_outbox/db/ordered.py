@@ -31,7 +31,7 @@ class OrderedSQL:
             return None  # SQLite: the write lock serializes every claim already
         return CLAIM_LOCK, [self.stream]
 
-    def pick(self) -> str:
+    def pick(self, floor: str = "%s") -> str:
         """The ids an ordered claim takes: for each key, every waiting row, in id order.
 
         A row is taken only if no row of its key is in a group (claimed, running,
@@ -39,8 +39,8 @@ class OrderedSQL:
         floor (a late commit the floor passed: it goes first), and its key is not held
         by a dead letter. All the waiting rows of a free key are above the floor and
         unclaimed, so the limit cuts them in id order: a key's taken rows are a prefix
-        of its waiting ones. Rows whose key is NULL are not ordered. Parameters:
-        :meth:`pick_params`.
+        of its waiting ones. Rows whose key is NULL are not ordered. *floor* is the SQL
+        of the floor (:meth:`BufferOps.floor_start`). Parameters: :meth:`pick_params`.
         """
         table, key = self.ops.table, self.key
         lock = " FOR UPDATE OF r" if self.ops.dialect.vendor == "postgresql" else ""
@@ -54,20 +54,21 @@ class OrderedSQL:
         # row of the row's key, above the floor, is one probe of the key's index: the
         # ORDER BY makes it that index whatever the planner's statistics say.
         return self.ops.dialect.id_pick(
-            f"SELECT r.id FROM {table} r WHERE r.group_id IS NULL{r_stream} AND r.id > %s "
+            f"SELECT r.id FROM {table} r WHERE r.group_id IS NULL{r_stream} AND r.id > {floor} "
             f"AND (r.{key} IS NULL OR (r.{key} NOT IN (SELECT e.{key} FROM {table} e "
             f"WHERE e.group_id IS NOT NULL AND e.{key} IS NOT NULL{e_stream}) "
             f"AND CAST(r.{key} AS TEXT) NOT IN (SELECT h.{self.ops.qn('key')} "
             f"FROM {self.held_table} h WHERE h.stream = %s) "
             f"AND (SELECT e.id FROM {table} e WHERE e.{key} = r.{key} AND e.group_id IS NULL"
-            f"{e_stream} ORDER BY {e_order}e.{key}, e.id LIMIT 1) > %s)) "
+            f"{e_stream} ORDER BY {e_order}e.{key}, e.id LIMIT 1) > {floor})) "
             f"ORDER BY {r_order} LIMIT %s{lock}"
         )
 
-    def pick_params(self, floor: int, limit: int) -> list[Any]:
-        """The parameters of :meth:`pick`, in order (the stream's, on the shared table)."""
+    def pick_params(self, floor: list[Any], limit: int) -> list[Any]:
+        """The parameters of :meth:`pick`, in order (the stream's, on the shared table),
+        with *floor* those of its floor's SQL."""
         shared = [self.stream] if self.ops.stream is not None else []
-        return [*shared, floor, *shared, self.stream, *shared, floor, limit]
+        return [*shared, *floor, *shared, self.stream, *shared, *floor, limit]
 
     def hold_keys(self, group_id: uuid.UUID, error: str) -> int:
         """Hold the keys of the group's rows (being dead-lettered); return how many."""

@@ -7,9 +7,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from django_outbox.db import wake_guard
+from django_outbox.db import claim_floor, wake_guard
 from django_outbox.db.base import ARCHIVE_COLUMNS, Backlog, BufferOps, Claimed, Move, delete_sql
-from django_outbox.models import StreamState
+from django_outbox.models import FloorHole, StreamState
 from django_outbox.routing import connection_for
 
 
@@ -22,6 +22,13 @@ class PostgresBufferOps(BufferOps):
 
     keeps_claim_floor = True
 
+    def floor_start(self, floor: int) -> tuple[str, list[Any]]:
+        """*floor*, or below the stream's lowest hole (a row written at or below the
+        floor), read by the claim's own statement."""
+        if self.floor_stream is None:
+            return super().floor_start(floor)
+        return claim_floor.claim_start(self.qn(FloorHole._meta.db_table), floor, self.floor_stream)
+
     def _order(self) -> str:
         return "stream, id" if self.stream is not None else "id"
 
@@ -29,11 +36,12 @@ class PostgresBufferOps(BufferOps):
         if self.ordered is not None:
             return self.ordered_claim_sql(floor)
         where, params = self.stream_clause()
+        start, start_params = self.floor_start(floor)
         pick = self.dialect.id_pick(
-            f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} AND id > %s "
+            f"SELECT id FROM {self.table} WHERE group_id IS NULL {where} AND id > {start} "
             f"ORDER BY {self._order()} LIMIT %s{self.dialect.skip_locked}"
         )
-        update, update_params = self.claim_update(pick, [*params, floor])
+        update, update_params = self.claim_update(pick, [*params, *start_params])
         return (
             f"WITH claimed AS ({update} RETURNING id) SELECT COUNT(*), MAX(id) FROM claimed",
             update_params,

@@ -6,12 +6,13 @@ from django_outbox.models.groups import GroupState, OutboxGroup
 from django_outbox.models.held import HeldKey
 from django_outbox.models.keys import IdempotencyKey
 from django_outbox.models.staged import StagedJob
-from django_outbox.models.state import KindState, StreamState
+from django_outbox.models.state import FloorHole, KindState, StreamState
 from django_outbox.models.unique import JobState, UniqueJob
 
 __all__ = [
     "ArchivedEvent",
     "BufferEvent",
+    "FloorHole",
     "GroupState",
     "HeldKey",
     "IdempotencyKey",

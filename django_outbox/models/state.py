@@ -18,7 +18,9 @@ class StreamState(models.Model):
     lowered by the run that claims again because of it (see :mod:`django_outbox.runs`).
     ``claim_floor`` is where claims of the stream start in the buffer's id order on a
     database that keeps dead index entries (PostgreSQL; see
-    :mod:`django_outbox.claim_floor`): every row at or below it is claimed.
+    :mod:`django_outbox.claim_floor`): every row at or below it is claimed, or recorded
+    as a :class:`FloorHole`. ``floor_pending`` is the id the floor may move to next, and
+    ``floor_barrier`` the transactions it waits for first.
     ``wake_epoch`` is raised by a run that is about to end, so that it can wait for the
     publishers that skipped their wake while it was in flight
     (:mod:`django_outbox.db.wake_guard`).
@@ -44,6 +46,18 @@ class StreamState(models.Model):
         editable=False,
         help_text="Every buffer row of the stream with an id up to this one is claimed: "
         "claims start above it.",
+    )
+    floor_pending = models.BigIntegerField(
+        default=0,
+        editable=False,
+        help_text="The id the claim floor may move to next; a buffer insert at or below "
+        "it takes the floor's lock (see django_outbox.claim_floor).",
+    )
+    floor_barrier = models.JSONField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The transactions the claim floor's next move waits for (64-bit ids).",
     )
     wake_epoch = models.BigIntegerField(
         default=0,
@@ -94,6 +108,30 @@ class StreamState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream} ({'paused' if self.paused else 'running'})"
+
+
+class FloorHole(models.Model):
+    """Buffer rows of a stream written at or below its claim floor: *low* to *high*.
+
+    Written by the buffer's insert trigger (PostgreSQL, :mod:`django_outbox.claim_floor`)
+    in the writer's transaction, so it commits with the rows. A claim starts below the
+    lowest hole of its stream; the floor's next move deletes the holes whose rows are all
+    claimed.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    stream = models.CharField(max_length=64)
+    low = models.BigIntegerField()
+    high = models.BigIntegerField()
+
+    objects = StreamScopedManager()  # on its stream's database
+
+    class Meta:
+        verbose_name = "claim floor hole"
+        indexes = [models.Index(fields=["stream", "low"], name="outbox_floorhole_low")]
+
+    def __str__(self) -> str:
+        return f"{self.stream} {self.low}..{self.high}"
 
 
 class KindState(models.Model):

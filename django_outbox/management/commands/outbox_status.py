@@ -62,6 +62,8 @@ class Command(BaseCommand):
                     f"  {s.stream} has a row budget of {s.rows_per_second:g} rows/s "
                     f"({s.budget_rows:,} rows handed over under it)."
                 )
+            if s.claim_floor_off:
+                self.stdout.write(f"  {s.stream} keeps no claim floor: {s.claim_floor_off}.")
             if s.groups_isolating:
                 self.stdout.write(
                     f"  {s.groups_isolating} group(s) of {s.stream} were split from a group "
