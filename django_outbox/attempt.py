@@ -224,17 +224,9 @@ def _run_attempt(batch: Batch) -> ProcessOutcome:
 def _await_budget(config: StreamConfig, group_id: uuid.UUID, attempt: int) -> ProcessOutcome | None:
     """Wait for the stream's next call slot (:mod:`django_outbox.budget`); None once the
     handler may be called, DEFERRED when the group went back to the queue instead."""
-    alias = connection_for(OutboxGroup).alias
-    what = f"group {group_id} of stream {config.name}"
-    until = outlast_outage(
-        partial(budget.take_slot, config, group_id),
-        alias,
-        what=f"the rate budget of {what}",
-        wait_seconds=config.outage_seconds,
+    return _defer_until(
+        config, group_id, attempt, partial(budget.take_slot, config, group_id), "rate budget"
     )
-    if until is None:
-        return None
-    return _defer(config, group_id, attempt, until)
 
 
 def _hold_for_pause(
@@ -248,15 +240,27 @@ def _hold_for_pause(
     window between them and the call (a floor move, a fan-out, a budget slot), so no
     handler call of the stream starts once a pause is recorded.
     """
-    until = outlast_outage(
-        partial(budget.pause_end, config),
+    return _defer_until(config, group_id, attempt, partial(budget.pause_end, config), "pause")
+
+
+def _defer_until(
+    config: StreamConfig,
+    group_id: uuid.UUID,
+    attempt: int,
+    until: Callable[[], datetime | None],
+    what: str,
+) -> ProcessOutcome | None:
+    """Ask *until* (the budget's next slot, the pause's end) whether the handler call
+    must wait: None when it may start, else the group goes back to the queue (DEFERRED)."""
+    due = outlast_outage(
+        until,
         connection_for(OutboxGroup).alias,
-        what=f"the pause of stream {config.name}",
+        what=f"the {what} of group {group_id} of stream {config.name}",
         wait_seconds=config.outage_seconds,
     )
-    if until is None:
+    if due is None:
         return None
-    return _defer(config, group_id, attempt, until)
+    return _defer(config, group_id, attempt, due)
 
 
 def _defer(

@@ -43,7 +43,44 @@ __all__ = [
 ]
 
 
-class PublishTrigger(Operation):
+class _TriggerOperation(Operation):
+    """A migration operation that installs a trigger: nothing in the model state, the
+    trigger's statements forwards and its drop backwards, on the databases the model is
+    routed to (``_spec`` returns None elsewhere)."""
+
+    reversible = True
+    reduces_to_sql = True
+
+    def _spec(self, app_label: str, schema_editor: Any, state: Any) -> Any:
+        raise NotImplementedError
+
+    def create_sql(self, connection: Any, spec: Any) -> Iterable[str]:
+        raise NotImplementedError
+
+    def drop_sql(self, connection: Any, spec: Any) -> Iterable[str]:
+        raise NotImplementedError
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        """Change nothing in the model state: triggers live only in the database."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        spec = self._spec(app_label, schema_editor, to_state)
+        if spec is not None:
+            for sql in self.create_sql(schema_editor.connection, spec):
+                schema_editor.execute(sql, params=None)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        spec = self._spec(app_label, schema_editor, from_state)
+        if spec is not None:
+            for sql in self.drop_sql(schema_editor.connection, spec):
+                schema_editor.execute(sql, params=None)
+
+
+class PublishTrigger(_TriggerOperation):
     """Publish a model's row changes to *stream* through database triggers.
 
     ``PublishTrigger("order", stream="orders", fields=["id", "amount"])`` publishes
@@ -52,9 +89,6 @@ class PublishTrigger(Operation):
     new values) and deletes (the old values). Values are the database's JSON rendering
     of the columns. The stream must use the generic buffer (no ``MODEL`` option).
     """
-
-    reversible = True
-    reduces_to_sql = True
 
     def __init__(
         self,
@@ -91,24 +125,11 @@ class PublishTrigger(Operation):
             kwargs["on"] = self.on
         return self.__class__.__qualname__, [self.model_name], kwargs
 
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        """Change nothing in the model state: triggers live only in the database."""
+    def create_sql(self, connection: Any, spec: TriggerSpec) -> Iterable[str]:
+        return create_statements(connection, spec)
 
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        spec = self._spec(app_label, schema_editor, to_state)
-        if spec is not None:
-            for sql in create_statements(schema_editor.connection, spec):
-                schema_editor.execute(sql, params=None)
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        spec = self._spec(app_label, schema_editor, from_state)
-        if spec is not None:
-            for sql in drop_statements(schema_editor.connection, spec):
-                schema_editor.execute(sql, params=None)
+    def drop_sql(self, connection: Any, spec: TriggerSpec) -> Iterable[str]:
+        return drop_statements(connection, spec)
 
     def describe(self) -> str:
         return f"Publish {', '.join(self.on)} of {self.model_name} to stream {self.stream}"
@@ -161,7 +182,7 @@ class PublishTrigger(Operation):
         )
 
 
-class GuardOrderKey(Operation):
+class GuardOrderKey(_TriggerOperation):
     """Refuse to change the ``ORDER_KEY`` of a buffer row while it is in a group.
 
     An ordered stream's claim keeps a key's later rows in the buffer while a row of the
@@ -174,9 +195,6 @@ class GuardOrderKey(Operation):
     pipeline's statements never do. The generic buffer has it (``order_key``).
     """
 
-    reversible = True
-    reduces_to_sql = True
-
     def __init__(self, model_name: str, field: str) -> None:
         self.model_name = model_name
         self.field = field
@@ -184,24 +202,11 @@ class GuardOrderKey(Operation):
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return self.__class__.__qualname__, [self.model_name, self.field], {}
 
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        """Change nothing in the model state: triggers live only in the database."""
+    def create_sql(self, connection: Any, spec: KeyGuardSpec) -> Iterable[str]:
+        return key_guard_statements(connection, spec)
 
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        spec = self._spec(app_label, schema_editor, to_state)
-        if spec is not None:
-            for sql in key_guard_statements(schema_editor.connection, spec):
-                schema_editor.execute(sql, params=None)
-
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
-    ) -> None:
-        spec = self._spec(app_label, schema_editor, from_state)
-        if spec is not None:
-            for sql in key_guard_drop_statements(schema_editor.connection, spec):
-                schema_editor.execute(sql, params=None)
+    def drop_sql(self, connection: Any, spec: KeyGuardSpec) -> Iterable[str]:
+        return key_guard_drop_statements(connection, spec)
 
     def describe(self) -> str:
         return f"Refuse changes of {self.model_name}.{self.field} while its row is in a group"
