@@ -389,8 +389,9 @@ class _Run:
             if state is None:
                 return self._last_claim()
         if state.paused:
-            self._last_claim()
-            return None
+            # The run ends, unless the stream was resumed before its last claim: then
+            # that claim's group is this run's to process.
+            return self._last_claim()
         if now >= self.deadline:
             try:
                 if claim_group(self.stream, state=state).claimed_any:

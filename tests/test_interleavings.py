@@ -67,6 +67,13 @@ def test_seed_a_row_re_keyed_while_claimed_is_not_overtaken_by_its_old_keys_rows
     run_scenario(PROFILES["rekey"], 9)
 
 
+def test_seed_a_run_that_read_its_stream_paused_processes_the_claim_it_took_after_a_resume():
+    """Found here: a run read its stream paused, the stream was resumed, and the run's
+    last claim took rows it then dropped (no handler, the stream blocked) until the
+    group's lease ran out."""
+    run_scenario(PROFILES["everything"], 7)
+
+
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_long(profile):
     """The long run: ``OUTBOX_HARNESS_RUNS`` seeds of each profile."""

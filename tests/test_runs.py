@@ -319,6 +319,35 @@ def test_a_run_ends_on_a_short_claim_when_nothing_wanted_it():
     assert not OutboxGroup.objects.exists()
 
 
+@pytest.mark.postgres  # elsewhere a run's end takes no last claim (no wake guard)
+@override_settings(**SMALL)
+def test_a_run_that_read_its_stream_paused_goes_on_when_it_was_resumed_before_its_last_claim(
+    monkeypatch,
+):
+    """The stream is paused when the run reads its state and resumed before the run's
+    last claim: that claim's group is the run's to process (found by the interleaving
+    harness, profile everything, seed 7: the group was dropped on the floor, its rows
+    claimed by nobody until its lease ran out)."""
+    publish_unwoken("audit", [{"n": n} for n in range(25)])
+    read = runs_module.runtime_state
+    reads: list[bool] = []
+
+    def paused_at_first(stream: str) -> StreamState:
+        state = read(stream)
+        if not reads:
+            state.paused = True  # the read saw a pause that ended right after it
+        reads.append(state.paused)
+        return state
+
+    monkeypatch.setattr(runs_module, "runtime_state", paused_at_first)
+    with transport.capture():
+        outcomes = run("audit")
+
+    assert reads[:2] == [True, False]
+    assert outcomes == [ProcessOutcome.DONE] * 3
+    assert not OutboxEvent.objects.exists() and not OutboxGroup.objects.exists()
+
+
 @override_settings(**SMALL)
 def test_a_run_past_its_budget_hands_its_next_group_to_a_fresh_job():
     publish_unwoken("audit", [{"n": n} for n in range(25)])
