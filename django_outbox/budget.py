@@ -22,16 +22,18 @@ of the stream starts before it.
   The group goes back to the queue with its attempt unchanged, due when the pause
   ends; the stream's ``paused_until`` and ``next_call_at`` move to the pause's end; its
   queued groups wait for it too. No handler call of the stream starts meanwhile: each
-  is preceded by a check of the pause in the database, in the statement that hands
-  the worker its group, the last one before the call (:func:`unpaused`): the claim of
+  is preceded by a read of the pause right before the handler is called
+  (:func:`pause_end`, from ``attempt.run_attempt``), and by a check in the statement
+  that hands the worker its group (:func:`unpaused`): the claim of
   a run's next group (a paused stream's claim takes nothing), the take of a queued
   group's lease (refused: the group goes back to the queue, due when the pause ends,
   :func:`hold_back`), and for a budgeted stream the slot's reservation, read again
   after a wait for the slot (:func:`take_slot`). No run, reservation or rescue starts
   during a pause (:func:`admits`). An operator's pause (``paused``) holds the same way.
 
-A stream without a budget reads and writes nothing more per call: the pause's check is
-a condition of the claim or the take, one probe of the state row inside that statement.
+A stream without a budget reads one thing more per call: the pause, one primary-key
+read of the state row right before the handler; the claim's and the take's checks are
+a condition inside those statements.
 """
 
 from __future__ import annotations

@@ -52,10 +52,11 @@ class RetryAfter(OutboxError):
     ``Retry-After``.
 
     The whole stream pauses for *seconds*: no handler call of the stream starts before
-    the pause ends, in any worker. Each call is preceded by a check of the pause in the
-    database's clock, in the statement that hands its worker the group (a claim, a
-    lease's take, a budget's slot): a group another run holds and has not handed to the
-    handler goes back to the queue instead. Calls that had started when the pause
+    the pause ends, in any worker. Each call is preceded by a read of the pause in the
+    database's clock right before the handler is called, besides the check in the
+    statement that hands its worker the group (a claim, a lease's take, a budget's
+    slot): a group another run holds and has not handed to the handler goes back to
+    the queue instead. Calls that had started when the pause
     began finish. The group goes back to the queue, due when the pause ends, with its
     attempt unchanged (a pause is not a failure: it spends no attempt and never splits
     the group), and so do the groups held back by it. *seconds* is a number of seconds
