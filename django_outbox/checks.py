@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 import django
@@ -567,7 +568,7 @@ def _checked_by_migrate() -> bool:
     ``migrate`` calls the checks with the same arguments as ``check --database``: only
     the command on the stack tells them apart.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if isinstance(frame.f_locals.get("self"), MigrateCommand):
             return True

@@ -287,7 +287,7 @@ class ClaimFloorSQL:
             "COALESCE(m.action IN ('publish', 'move') AND %(hi)s::bigint > 0, FALSE) "
             "FROM goal g LEFT JOIN moved m ON TRUE"
         )
-        values = {
+        values: dict[str, str | int | bool] = {
             "stream": self.stream,
             "table": self.ops.table,
             "locked": bool(locked and locked[0]),

@@ -31,7 +31,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         tty = self.stdout.isatty()
-        progress = {"line": "", "said_at": -math.inf}
+        progress: dict[str, Any] = {"line": "", "said_at": -math.inf}
 
         def on_round(report: RunReport, statuses: list[StreamStatus]) -> None:
             line = "  ".join(
