@@ -39,7 +39,7 @@ from benchmarks.run import (  # noqa: E402
     stop,
     wait_until,
 )
-from django_outbox import transport  # noqa: E402
+from django_outbox.transport import handoff  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -99,7 +99,7 @@ def drain_with(count: int, events: int) -> dict[str, float]:
     with clusters(count):
         cpu, busy = cpu_by_kind(), machine_busy()
         started = time.perf_counter()
-        transport.enqueue(transport.DISTRIBUTE, [(STREAM,)])
+        handoff.enqueue(handoff.DISTRIBUTE, [(STREAM,)])
         wait_until(drained, 1800, f"drain with {count} clusters")
         seconds = time.perf_counter() - started
         cpu_after, busy_after = cpu_by_kind(), machine_busy()

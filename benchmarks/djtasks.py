@@ -210,8 +210,8 @@ def enqueue_rates(n: int, pairs: int = PAIRS) -> dict[str, Any]:
     from django_q.models import OrmQ
 
     from benchmarks.djtasks_funcs import db_noop, outbox_noop
-    from django_outbox import transport
     from django_outbox.tasks_backend.models import TaskRecord
+    from django_outbox.transport import handoff
     from django_outbox.unique.background import DISPATCHER
 
     single = min(n, SINGLE_MAX)
@@ -243,7 +243,7 @@ def enqueue_rates(n: int, pairs: int = PAIRS) -> dict[str, Any]:
     assert TaskRecord.objects.filter(state="pending").count() == single
     assert OrmQ.objects.exists()  # the hand-offs, for the workers to dispatch
     _clear()
-    with transport.capture():
+    with handoff.capture():
         begin = time.perf_counter()
         with transaction.atomic():
             created = outbox_noop.enqueue_many([((number,), {}) for number in range(n)])

@@ -1,6 +1,6 @@
 """What the payload encoder costs ``publish()``: plain JSON against DjangoJSONEncoder.
 
-``python -m benchmarks.encoding`` times :func:`django_outbox.jsondata.dumps` on a
+``python -m benchmarks.encoding`` times :func:`django_outbox.base.jsondata.dumps` on a
 typical small payload with each encoder, interleaved (paired rounds, so that a busy
 machine slows both alike), and prints the best and median microseconds per payload.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_outbox.jsondata import dumps
+from django_outbox.base.jsondata import dumps
 
 PAYLOAD = {"user": 7, "action": "login", "tags": ["a", "b"], "ip": "10.0.0.1", "ok": True}
 

@@ -50,7 +50,7 @@ def archive_rows() -> int:
 
 def prune_rate() -> dict[str, Any]:
     """Prune the archive filled by :func:`fill_archive` (done after 30 days, failed 90)."""
-    from django_outbox.prune import prune_all
+    from django_outbox.archive.prune import prune_all
 
     before = archive_rows()
     started = time.perf_counter()

@@ -4,7 +4,7 @@ Run it with ``python3 dev.py bench ordered`` (``--events``, ``--keys``, ``--repe
 The same rows (``--events`` of them, each of one of ``--keys`` aggregates drawn at random,
 so every batch holds rows of many keys, as an inflow of many aggregates does) are drained
 once by the ``keyed`` stream and once by ``keyed_ordered`` (``ORDER_KEY = "aggregate"``),
-each through a real qcluster (2 workers, ORM broker, batch 1,000, ``CHAINS`` 4, a handler
+each through a real qcluster (2 workers, ORM broker, batch 1,000, ``RUNS`` 4, a handler
 that serializes every row), from a backlog written before the cluster starts. The runs
 alternate; the medians and their ratio are printed and written as JSON.
 """
@@ -29,8 +29,8 @@ from django.db import connection  # noqa: E402
 
 from benchmarks.models import KeyedEvent, OrderedKeyedEvent  # noqa: E402
 from benchmarks.run import ROOT, cluster, vacuum, wait_until  # noqa: E402
-from django_outbox import transport  # noqa: E402
 from django_outbox.models import OutboxGroup  # noqa: E402
+from django_outbox.transport import handoff  # noqa: E402
 
 STREAMS = {"keyed": KeyedEvent, "keyed_ordered": OrderedKeyedEvent}
 
@@ -68,7 +68,7 @@ def drain(stream: str, events: int, keys: int, seed: int) -> float:
     vacuum(model._meta.db_table)
     with cluster():
         started = time.perf_counter()
-        transport.enqueue(transport.DISTRIBUTE, [(stream,)])
+        handoff.enqueue(handoff.DISTRIBUTE, [(stream,)])
         wait_until(
             lambda: not model.objects.exists() and not OutboxGroup.objects.exists(),
             1800,

@@ -37,11 +37,11 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.migrations.executor import MigrationExecutor  # noqa: E402
 
-from django_outbox.db import partitions as sql  # noqa: E402
+from django_outbox.archive.partitions import archive_partitioning  # noqa: E402
+from django_outbox.archive.prune import prune_all  # noqa: E402
+from django_outbox.archive.sql import partitions as sql  # noqa: E402
 from django_outbox.models import ArchivedEvent  # noqa: E402
 from django_outbox.operations import PartitionArchive  # noqa: E402
-from django_outbox.partitions import archive_partitioning  # noqa: E402
-from django_outbox.prune import prune_all  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ArchivedEvent._meta.db_table

@@ -47,11 +47,13 @@ from benchmarks import floor, isolation, latency  # noqa: E402
 from benchmarks import operations as ops  # noqa: E402
 from benchmarks.models import Marker, Order, TriggeredOrder  # noqa: E402
 from benchmarks.unique import measure_dispatch  # noqa: E402
-from django_outbox import publish, publish_many, transport, wake  # noqa: E402
-from django_outbox.inline import run_inline  # noqa: E402
+from django_outbox import publish, publish_many, wake  # noqa: E402
+from django_outbox.jobs.staging import drain_until_empty, stage_task  # noqa: E402
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState  # noqa: E402
-from django_outbox.runs import claim_group, set_paused  # noqa: E402
-from django_outbox.staging import drain_until_empty, stage_task  # noqa: E402
+from django_outbox.streams.inline import run_inline  # noqa: E402
+from django_outbox.streams.run import claim_group  # noqa: E402
+from django_outbox.streams.steer import set_paused  # noqa: E402
+from django_outbox.transport import handoff  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAM = "bench"
@@ -272,7 +274,7 @@ def run_outbox(events: int, **env: str) -> tuple[Result, dict[str, float]]:
             publish(STREAM, payload(i))
     single_rate = single / (time.perf_counter() - started)
     started = time.perf_counter()
-    bulk = publish_many(STREAM, (payload(i) for i in range(single, events)), batch_size=5000)
+    bulk = publish_many(STREAM, (payload(i) for i in range(single, events)), chunk_size=5000)
     bulk_rate = bulk / (time.perf_counter() - started) if bulk else 0.0
     hold_back(STREAM)
     vacuum("django_outbox_outboxevent")
@@ -529,7 +531,7 @@ def claim_latency(rows: int, samples: int = 9) -> float:
     """Median milliseconds of one claim of 1,000 rows from a buffer of *rows* unclaimed rows."""
     fill_buffer(rows)
     timings = []
-    with transport.capture():
+    with handoff.capture():
         for _ in range(samples):
             started = time.perf_counter()
             assert claim_group(STREAM).size == 1000

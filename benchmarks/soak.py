@@ -42,12 +42,14 @@ import psycopg  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from benchmarks.run import ROOT, STREAM, cluster, payload, reset, wait_until  # noqa: E402
-from django_outbox import publish_many, transport, tune  # noqa: E402
+from django_outbox import publish_many  # noqa: E402
+from django_outbox.archive import tune  # noqa: E402
+from django_outbox.archive.sql.tune import server_settings  # noqa: E402
 from django_outbox.conf import get_stream  # noqa: E402
-from django_outbox.db import stream_buffer  # noqa: E402
-from django_outbox.db.tune import server_settings  # noqa: E402
 from django_outbox.models import StreamState  # noqa: E402
-from django_outbox.runs import effective_batch_size  # noqa: E402
+from django_outbox.streams.run import effective_batch_size  # noqa: E402
+from django_outbox.streams.sql import stream_buffer  # noqa: E402
+from django_outbox.transport import handoff  # noqa: E402
 
 TABLE = "django_outbox_outboxevent"
 
@@ -86,7 +88,7 @@ def phase(name: str, seconds: float, rate: int) -> dict[str, Any]:
         publish_many(STREAM, (payload(published + i) for i in range(batch)))
         published += batch
         if int(tick - started) != int(time.monotonic() - started):  # about once a second
-            transport.enqueue(transport.DISTRIBUTE, [(STREAM,)])
+            handoff.enqueue(handoff.DISTRIBUTE, [(STREAM,)])
         if time.monotonic() >= next_sample:
             now = sample()
             total = now["live"] + now["dead"]
@@ -215,7 +217,7 @@ def held_phase(seconds: float, rate: int) -> dict[str, Any]:
     for n in range(1, int(seconds // SAMPLE_SECONDS) + 1):
         time.sleep(max(0.0, started + n * SAMPLE_SECONDS - time.monotonic()))
         if time.monotonic() >= next_distribute:  # the schedule's safety net, once a minute
-            transport.enqueue(transport.DISTRIBUTE, [(STREAM,)])
+            handoff.enqueue(handoff.DISTRIBUTE, [(STREAM,)])
             next_distribute += 60
         now = {"t": round(time.monotonic() - started, 1), **sample(), **claim_sample()}
         samples.append(now)

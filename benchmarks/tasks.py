@@ -7,8 +7,8 @@ import json
 from django.db import transaction
 
 from benchmarks.models import Marker
-from django_outbox.batch import Batch
 from django_outbox.models import ArchivedEvent, OutboxEvent, Outcome
+from django_outbox.streams.batch import Batch
 
 
 def serialize_batch(batch: Batch) -> None:

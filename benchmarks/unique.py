@@ -146,7 +146,7 @@ def measure_enqueue(n: int) -> dict[str, Any]:
     transaction per job (``min(n, DJANGO_Q2_MAX)`` jobs, each dispatch starting its
     job), and ``enqueue_many`` of *n* jobs in one transaction."""
     from benchmarks.models import WideBenchJob
-    from django_outbox import transport
+    from django_outbox.transport import handoff
     from django_outbox.unique.options import kind_options
 
     table = WideBenchJob._meta.db_table
@@ -157,7 +157,7 @@ def measure_enqueue(n: int) -> dict[str, Any]:
     declared = kind_options(WideBenchJob)
     WideBenchJob._kind_options = dataclasses.replace(declared, concurrency=10 * single)
     try:
-        with transport.capture():
+        with handoff.capture():
             begin = time.perf_counter()
             for key in range(single):
                 with transaction.atomic():
@@ -166,7 +166,7 @@ def measure_enqueue(n: int) -> dict[str, Any]:
     finally:
         WideBenchJob._kind_options = declared
     _fill(0, table)
-    with transport.capture():
+    with handoff.capture():
         begin = time.perf_counter()
         with transaction.atomic():
             created = WideBenchJob.enqueue_many({"key": key} for key in range(n))

@@ -25,10 +25,12 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from django_outbox import steer
+from django_outbox.archive.replay import replay_failed
+from django_outbox.base.dialect import database_now
+from django_outbox.base.errors import last_line
+from django_outbox.base.routing import connection_for, current_alias, on_database
 from django_outbox.conf import get_stream, outbox_settings, stream_databases
-from django_outbox.db import connection_for, database_now
-from django_outbox.lease import last_line
+from django_outbox.jobs.staging import requeue
 from django_outbox.models import (
     ArchivedEvent,
     HeldKey,
@@ -41,15 +43,13 @@ from django_outbox.models import (
 )
 from django_outbox.models.buffer import buffer_models
 from django_outbox.models.unique import STAGES, all_kinds, stage_of
-from django_outbox.replay import replay_failed
-from django_outbox.routing import current_alias, on_database
-from django_outbox.runs import set_paused
-from django_outbox.staging import requeue
-from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
+from django_outbox.streams import steer
+from django_outbox.streams.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
+from django_outbox.streams.steer import set_paused
 
 #: How many rows a filter's choices are read from and a text search looks through
 #: (the newest ones): a page of a table of millions costs what one of 10,000 does.
-#: Counts (pages, the dashboard) stop at :data:`django_outbox.status.COUNT_CAP`.
+#: Counts (pages, the dashboard) stop at :data:`django_outbox.streams.status.COUNT_CAP`.
 SCAN_CAP = 10_000
 
 
@@ -111,7 +111,7 @@ def chosen_database(request: HttpRequest) -> str | None:
 
 class StreamDatabaseAdmin(admin.ModelAdmin):
     """An admin of rows that live on their stream's database: each page runs on the
-    database the ``database`` filter chose (:mod:`django_outbox.routing`)."""
+    database the ``database`` filter chose (:mod:`django_outbox.base.routing`)."""
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         with on_database(chosen_database(request)):

@@ -49,7 +49,7 @@ def _wake_receivers() -> Iterator[tuple[Signal, Callable[..., None], type, str]]
 
     from django_outbox.models import BufferEvent
     from django_outbox.models.buffer import rows_bulk_created
-    from django_outbox.runs import _wake_on_bulk_create, _wake_on_save
+    from django_outbox.streams.run import _wake_on_bulk_create, _wake_on_save
 
     for model in apps.get_models():
         if issubclass(model, BufferEvent):
@@ -71,7 +71,7 @@ def _create_state_rows(sender: AppConfig, using: str = "default", **kwargs: obje
     from django.db import connections, router
 
     from django_outbox.models import StreamState
-    from django_outbox.runs import create_state_rows
+    from django_outbox.streams.run import create_state_rows
 
     if not router.allow_migrate_model(using, StreamState):
         return
@@ -81,6 +81,6 @@ def _create_state_rows(sender: AppConfig, using: str = "default", **kwargs: obje
 
 
 def _install_floor_triggers(sender: AppConfig, using: str = "default", **kwargs: object) -> None:
-    from django_outbox.claim_floor import install_triggers
+    from django_outbox.streams.claim_floor import install_triggers
 
     install_triggers(using)

@@ -23,27 +23,35 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.models import Q
 from django.utils.module_loading import import_string
 
-from django_outbox import transport
+from django_outbox.archive.partitions import archive_partitioning
+from django_outbox.archive.replay import archive_databases
+from django_outbox.base import moved
+from django_outbox.base.dialect import database_now, supported
+from django_outbox.base.option_table import (
+    OptionTable,
+    Problem,
+    is_positive_int,
+    is_positive_number,
+)
+from django_outbox.base.routing import on_database
 from django_outbox.conf import (
     GLOBAL_OPTIONS,
     IDEMPOTENCY_OPTIONS,
     REMOVED_STREAM_OPTIONS,
+    RENAMED_STREAM_OPTIONS,
     SETTING_NAME,
     STAGING_OPTIONS,
     STREAM_NAME,
     STREAM_OPTIONS,
     StagingConfig,
+    current_names,
     outbox_settings,
     raw_settings,
     stream_databases,
 )
-from django_outbox.db import database_now
-from django_outbox.db.dialect import supported
-from django_outbox.models import ArchivedEvent, BufferEvent, OutboxEvent, StagedJob
-from django_outbox.options import OptionTable, Problem, is_positive_int, is_positive_number
-from django_outbox.partitions import archive_partitioning
-from django_outbox.routing import on_database
-from django_outbox.transport import cluster_options
+from django_outbox.models import BufferEvent, OutboxEvent, StagedJob
+from django_outbox.transport import handoff
+from django_outbox.transport.handoff import cluster_options
 
 
 def errors_of(problems: list[Problem], **extra: Any) -> list[CheckMessage]:
@@ -107,9 +115,23 @@ def _check_stream(name: Any, options: Any, models_seen: dict[str, str]) -> list[
         )
         return errors
     unknown = STREAM_OPTIONS.unknown_problems(
-        options, where=where, check="E006", also=tuple(REMOVED_STREAM_OPTIONS)
+        options,
+        where=where,
+        check="E006",
+        also=(*REMOVED_STREAM_OPTIONS, *RENAMED_STREAM_OPTIONS),
     )
     errors.extend(errors_of(unknown))
+    for option in sorted(set(options) & set(RENAMED_STREAM_OPTIONS)):
+        new = RENAMED_STREAM_OPTIONS[option]
+        used = "ignored: the stream gives both" if new in options else f"used as {new}"
+        errors.append(
+            Warning(
+                f"{where}['{option}'] is now called {new!r}; its value is {used}.",
+                hint=f"Rename {option} to {new} (the old name works in 0.1 only).",
+                id="django_outbox.W008",
+            )
+        )
+    options = current_names(options)
     for option in sorted(set(options) & set(REMOVED_STREAM_OPTIONS)):
         errors.append(
             Warning(
@@ -227,7 +249,7 @@ def _check_redelivery(where: str, merged: dict[str, Any]) -> list[CheckMessage]:
     staging = StagingConfig.from_options(merged)
     if not (staging.enabled and is_positive_int(redeliver)):
         return []
-    if transport.in_transaction_hand_off(router.db_for_write(StagedJob)):
+    if handoff.in_transaction_hand_off(router.db_for_write(StagedJob)):
         return []
     q_cluster = getattr(settings, "Q_CLUSTER", {})
     alt = q_cluster.get("ALT_CLUSTERS") if isinstance(q_cluster, dict) else None
@@ -449,6 +471,20 @@ def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckM
 
 
 @register()
+def check_moved_imports(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W009: a module was imported by the path it had before this release's layout."""
+    return [
+        Warning(
+            f"{old} moved to {new}: the old path works in 0.1 only.",
+            hint=f"Import {new} instead (in migration files too, where makemigrations "
+            "wrote the old path).",
+            id="django_outbox.W009",
+        )
+        for old, new in moved.USED.items()
+    ]
+
+
+@register()
 def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     if apps.is_installed("django_q"):
         return []
@@ -599,12 +635,6 @@ def check_archive_partitions(
         if databases and alias in databases:
             messages.extend(_check_archive_partitions(alias))
     return messages
-
-
-def archive_databases() -> list[str]:
-    """The databases that hold an archive: each stream's, and the router's (settings order)."""
-    aliases = [*stream_databases(), router.db_for_write(ArchivedEvent)]
-    return [alias for alias in dict.fromkeys(aliases) if alias in settings.DATABASES]
 
 
 def _check_archive_partitions(alias: str) -> list[CheckMessage]:

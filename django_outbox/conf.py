@@ -2,7 +2,7 @@
 
 Settings are read on first use, never at import time, and the cache is dropped on
 Django's ``setting_changed`` signal so ``override_settings`` works. Every option is
-declared once, in the tables below (:mod:`django_outbox.options`): the effective
+declared once, in the tables below (:mod:`django_outbox.base.option_table`): the effective
 configuration and the system checks (:mod:`django_outbox.checks`) both come from them.
 Values are not validated here: the checks report bad ones.
 """
@@ -24,8 +24,7 @@ from django.db.models import Model
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_outbox.exceptions import UnknownStream
-from django_outbox.options import (
+from django_outbox.base.option_table import (
     BOOL,
     CLUSTER,
     MODULE_LIST,
@@ -37,7 +36,8 @@ from django_outbox.options import (
     OptionTable,
     choice,
 )
-from django_outbox.routing import enter_database, leave_database, on_database
+from django_outbox.base.routing import enter_database, leave_database, on_database
+from django_outbox.exceptions import UnknownStream
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,7 +56,7 @@ OUTAGE_SECONDS_MAX = 60.0
 def outage_seconds(lease_seconds: float) -> float:
     """How long a worker holding a lease of *lease_seconds* (a group's, a job's) waits
     mid-run for the database to answer again
-    (:func:`~django_outbox.db.transient.outlast_outage`).
+    (:func:`~django_outbox.base.transient.outlast_outage`).
 
     Half the lease, at most ``OUTAGE_SECONDS_MAX``: the lease outlives the wait, so the
     work is resumed by the worker that holds it, not rescued by another.
@@ -77,7 +77,7 @@ STREAM_OPTIONS = OptionTable(
         maximum_hint="One claim locks and one handler call holds that many rows: give at "
         "most {maximum} (a few hundred to a few thousand is usual).",
     ),
-    Option("CHAINS", 4, POSITIVE_INT, "E030"),
+    Option("RUNS", 4, POSITIVE_INT, "E030"),  # runs of the stream in flight at most
     Option("EVERY_MINUTES", 1, POSITIVE_INT, "E030"),
     Option("MAX_ATTEMPTS", 8, POSITIVE_INT, "E030"),
     Option("BACKOFF_SECONDS", 10, POSITIVE_INT, "E030"),
@@ -142,9 +142,26 @@ STREAM_DEFAULTS = STREAM_OPTIONS.defaults
 #: do instead (system check W003).
 REMOVED_STREAM_OPTIONS: dict[str, str] = {
     "KICK": "Every commit wakes its stream now; remove KICK.",
-    "MAX_BATCHES": "Runs continue while rows wait, up to CHAINS per stream; remove "
-    "MAX_BATCHES (raise CHAINS for more parallel runs).",
+    "MAX_BATCHES": "Runs continue while rows wait, up to RUNS per stream; remove "
+    "MAX_BATCHES (raise RUNS for more parallel runs).",
 }
+
+#: Stream options renamed in this release: old name -> new name. The old name still
+#: works (its value is used under the new name) and system check W008 says to rename it.
+RENAMED_STREAM_OPTIONS: dict[str, str] = {"CHAINS": "RUNS"}
+
+
+def current_names(options: dict[str, Any]) -> dict[str, Any]:
+    """*options* with each renamed option under its new name (the new name wins when a
+    stream gives both)."""
+    renamed = {
+        RENAMED_STREAM_OPTIONS[key]: value
+        for key, value in options.items()
+        if key in RENAMED_STREAM_OPTIONS
+    }
+    current = {k: v for k, v in options.items() if k not in RENAMED_STREAM_OPTIONS}
+    return {**renamed, **current}
+
 
 STAGING_OPTIONS = OptionTable(
     Option("ALLOWED_MODULES", [], MODULE_LIST, "E054"),
@@ -211,7 +228,7 @@ class StreamConfig:
     handler: str | None
     model: str
     batch_size: int
-    chains: int
+    runs: int
     every_minutes: int
     max_attempts: int
     backoff_seconds: int
@@ -234,7 +251,7 @@ class StreamConfig:
 
     @classmethod
     def from_options(cls, name: str, options: dict[str, Any]) -> StreamConfig:
-        return cls(name=name, **STREAM_OPTIONS.effective(options))
+        return cls(name=name, **STREAM_OPTIONS.effective(current_names(options)))
 
     @property
     def model_class(self) -> type[Model]:
@@ -427,7 +444,7 @@ def _position(order: list[str], alias: str) -> int:
 
 @contextlib.contextmanager
 def stream_database(stream: str | StreamConfig) -> Iterator[StreamConfig]:
-    """Run the block on the database *stream* lives on (:mod:`django_outbox.routing`)."""
+    """Run the block on the database *stream* lives on (:mod:`django_outbox.base.routing`)."""
     config = stream if isinstance(stream, StreamConfig) else get_stream(stream)
     with on_database(config.alias):
         yield config

@@ -21,7 +21,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
 from django_outbox.conf import outbox_settings
-from django_outbox.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
+from django_outbox.streams.status import COUNT_CAP, all_statuses, staged_counts, unique_job_counts
 
 __all__ = [
     "OutboxCollector",

@@ -11,7 +11,7 @@ key of a row in a group (a trigger), so no later row of the key can overtake it.
 
 ``PartitionArchive`` partitions the archive by outcome and time on PostgreSQL, so that
 retention drops whole partitions instead of deleting rows (see
-:mod:`django_outbox.partitions`).
+:mod:`django_outbox.archive.partitions`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import router
 from django.db.migrations.operations.base import Operation
 
+from django_outbox.archive.sql import partitions as partition_sql
+from django_outbox.base.dialect import database_now
 from django_outbox.conf import STREAM_NAME, outbox_settings
-from django_outbox.db import database_now
-from django_outbox.db import partitions as partition_sql
-from django_outbox.db.triggers import (
+from django_outbox.streams.sql.triggers import (
     OPERATIONS,
     KeyGuardSpec,
     TriggerSpec,

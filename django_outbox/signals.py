@@ -40,7 +40,7 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
-from django_outbox.lease import last_line
+from django_outbox.base.errors import last_line
 
 __all__ = [
     "group_exhausted",

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_outbox.distribute import distribute as distribute_stream
-from django_outbox.distribute import distribute_all
+from django_outbox.archive.prune import prune_all
+from django_outbox.jobs.staging import (
+    GUARD_SCOPE,
+    drain_until_empty,
+    run_staged_job,
+    run_traced_job,
+)
 from django_outbox.models.unique import get_kind
-from django_outbox.prune import prune_all
-from django_outbox.runs import run as run_stream
-from django_outbox.staging import GUARD_SCOPE, drain_until_empty
-from django_outbox.staging import run_staged as run_staged_job
-from django_outbox.staging import run_traced as run_traced_job
+from django_outbox.streams.distribute import distribute_all, distribute_stream
+from django_outbox.streams.run import run_stream
 from django_outbox.unique.dispatch import dispatch, dispatch_all, run_jobs
 
 __all__ = [

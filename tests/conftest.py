@@ -19,7 +19,8 @@ import pytest
 from django.core.cache import cache
 from django.db import connection
 
-from django_outbox import claim_floor, transport
+from django_outbox.streams import claim_floor
+from django_outbox.transport import handoff
 from tests.testapp.handlers import MODE_KEY
 
 
@@ -38,7 +39,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _second_database_features(django_db_blocker) -> None:
     """Django's model checks ask every database of ``DATABASES`` about its features, and
     SQLite answers "does it store JSON?" with a query. Ask the second test database
-    (tests/test_many_databases.py) once, up front, so that a test that runs the checks
+    (tests/streams/test_many_databases.py) once, up front, so that a test that runs the checks
     without declaring it is not refused that query."""
     from django.conf import settings
     from django.db import connections
@@ -85,8 +86,8 @@ def publish_unwoken(stream: str, payloads: list[object]) -> list[int]:
     stream, so the rows wait for distribute (the schedule's safety net) or a wake."""
     import json
 
-    from django_outbox.db import buffer_ops
     from django_outbox.models import OutboxEvent
+    from django_outbox.streams.sql import buffer_ops
 
     ops = buffer_ops(OutboxEvent)
     return [ops.insert_event(stream, json.dumps(payload)) for payload in payloads]
@@ -111,13 +112,13 @@ class InlineRunner:
     """Run the pipeline in this process: jobs go to a deque instead of django-q2."""
 
     def __init__(self) -> None:
-        self.jobs: deque[transport.Job] = deque()
-        self.ran: list[transport.Job] = []
+        self.jobs: deque[handoff.Job] = deque()
+        self.ran: list[handoff.Job] = []
 
-    def drain(self, limit: int = 10_000) -> list[transport.Job]:
+    def drain(self, limit: int = 10_000) -> list[handoff.Job]:
         """Run queued jobs (and the jobs they enqueue) until none is left."""
         ran = []
-        with transport.capture() as queue:
+        with handoff.capture() as queue:
             queue.extend(self.jobs)
             self.jobs.clear()
             while queue and len(ran) < limit:
@@ -130,15 +131,15 @@ class InlineRunner:
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
         """Keep the jobs enqueued inside (a wake's run, say) for :meth:`drain`."""
-        with transport.capture() as queue:
+        with handoff.capture() as queue:
             yield
         self.jobs.extend(queue)
 
     def enqueue(self, func: str, *args: object) -> None:
-        self.jobs.append(transport.Job(func, args))
+        self.jobs.append(handoff.Job(func, args))
 
-    def distribute(self, stream: str) -> list[transport.Job]:
-        self.enqueue(transport.DISTRIBUTE, stream)
+    def distribute(self, stream: str) -> list[handoff.Job]:
+        self.enqueue(handoff.DISTRIBUTE, stream)
         return self.drain()
 
 

@@ -1,4 +1,4 @@
-"""A child process of tests/test_wake_guard_bound.py, run against a server of its own.
+"""A child process of tests/processes/test_wake_guard_bound.py, run against a server of its own.
 
 One transaction publishes and enqueues *count* times while a thread raises the stream's
 and the kind's wake epochs as fast as it can (every run ending), with a run in flight
@@ -24,9 +24,10 @@ def main(url: str, out: str, count: int) -> None:
     from django.db import connection, connections, transaction
     from django.utils import timezone
 
-    from django_outbox import publish, runs
-    from django_outbox.db.unique import JobTable
+    from django_outbox import publish
     from django_outbox.models import GroupState, JobState, OutboxGroup, StreamState
+    from django_outbox.streams import run
+    from django_outbox.unique.sql import JobTable
     from tests.uniqueapp.models import ThrottledJob
 
     later = timezone.now() + timedelta(hours=1)
@@ -47,7 +48,7 @@ def main(url: str, out: str, count: int) -> None:
         table = JobTable(ThrottledJob)
         try:
             while not stop.is_set():
-                runs.raise_wake_epoch("audit")
+                run.raise_wake_epoch("audit")
                 table.raise_wake_epoch()
                 result["raises"] += 1
         finally:

@@ -67,22 +67,13 @@ from typing import Any
 from django.db import IntegrityError, connection, connections, transaction
 from django.test import override_settings
 
-from django_outbox import (
-    BatchResult,
-    RetryAfter,
-    attempt,
-    budget,
-    claim_floor,
-    publish,
-    publish_many,
-    rescue,
-    runs,
-    transport,
-)
-from django_outbox.batch import Batch
+from django_outbox import BatchResult, RetryAfter, publish, publish_many
 from django_outbox.conf import get_stream
 from django_outbox.models import ArchivedEvent, HeldKey, OutboxEvent, OutboxGroup, StreamState
-from django_outbox.runs import wake
+from django_outbox.streams import attempt, budget, claim_floor, distribute, rescue, run, steer
+from django_outbox.streams.batch import Batch
+from django_outbox.streams.run import wake
+from django_outbox.transport import handoff
 from tests.settings import DJANGO_OUTBOX
 from tests.testapp.models import OrderedEvent
 
@@ -98,7 +89,7 @@ TRACE_LINES = int(os.environ.get("OUTBOX_HARNESS_TRACE_LINES", "150"))
 _COMMON = {
     "HANDLER": "tests.interleavings.handler",
     "BATCH_SIZE": 3,
-    "CHAINS": 2,
+    "RUNS": 2,
     "MAX_ATTEMPTS": 3,
     # Nothing comes due by itself: the clock step makes retries and leases due.
     "BACKOFF_SECONDS": 3600,
@@ -269,7 +260,7 @@ class Actor(threading.Thread):
 
     def run(self) -> None:
         _local.actor = self
-        transport._local.queue = _Broker(self.harness.jobs)
+        handoff._local.queue = _Broker(self.harness.jobs)
         try:
             self.program(self)
         except _Stop:
@@ -412,7 +403,7 @@ class Harness:
                 self.steps()
             self.expect_claimed("once every actor ended and the jobs ran")
             for stream in STREAMS:  # one more claim round
-                self.jobs.append(transport.Job(transport.RUN, (stream, None)))
+                self.jobs.append(handoff.Job(handoff.RUN, (stream, None)))
             self.steps()
             self.expect_claimed("after one more claim round")
         except Violation as exc:
@@ -517,7 +508,7 @@ class Harness:
     def report(self, exc: Violation) -> str:
         command = (
             f"OUTBOX_HARNESS_PROFILE={self.profile.name} OUTBOX_HARNESS_SEED={self.seed} "
-            "pytest --postgres tests/test_interleavings.py -k replay"
+            "pytest --postgres tests/streams/test_interleavings.py -k replay"
         )
         trace = "\n".join(self.trace[-TRACE_LINES:])
         pids = {a.pid for a in self.actors if a.pid is not None and a.state != "finished"}
@@ -690,15 +681,15 @@ def _tracked(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 GATES: list[tuple[Any, str, str]] = [
-    (runs, "wake_now", "wake"),
-    (runs, "start_runs", "start runs"),
-    (runs, "claim_group", "claim"),
-    (runs, "runtime_state", "read state"),
-    (runs, "raise_wake_epoch", "raise the wake epoch"),
-    (runs, "publishers_done", "look at the publishers"),
-    (runs, "requeue_due_groups", "rescue"),
-    (runs, "_drop_unstarted_reservations", "drop reservations"),
-    (runs._Run, "_decide_to_continue", "decide to go on"),
+    (run, "wake_now", "wake"),
+    (run, "start_runs", "start runs"),
+    (run, "claim_group", "claim"),
+    (run, "runtime_state", "read state"),
+    (run, "raise_wake_epoch", "raise the wake epoch"),
+    (run, "publishers_done", "look at the publishers"),
+    (run, "requeue_due_groups", "rescue"),
+    (run, "_drop_unstarted_reservations", "drop reservations"),
+    (run._Run, "_decide_to_continue", "decide to go on"),
     (rescue, "requeue_due_groups", "rescue"),
     (claim_floor, "advance", "advance the floor"),
     (claim_floor, "lower_if_passed", "lower the floor"),
@@ -722,10 +713,10 @@ def gates() -> Iterator[None]:
         for owner, name, label in GATES:
             put(owner, name, _gated(label, owner.__dict__[name]))
         put(attempt, "run_attempt", _tracked(attempt.run_attempt))
-        put(runs, "run_attempt", _tracked(runs.run_attempt))
-        put(runs, "PUBLISHERS_WAIT_SECONDS", 1e6)
-        put(runs, "LONG_TRANSACTION_SECONDS", 1e6)
-        put(runs, "RECHECK_SECONDS", 0.0)
+        put(run, "run_attempt", _tracked(run.run_attempt))
+        put(run, "PUBLISHERS_WAIT_SECONDS", 1e6)
+        put(run, "LONG_TRANSACTION_SECONDS", 1e6)
+        put(run, "RECHECK_SECONDS", 0.0)
         put(claim_floor, "ADVANCE_SECONDS", 0.0)
         yield
     finally:
@@ -872,12 +863,12 @@ def worker_program(actor: Actor) -> None:
     while True:
         actor.gate("take a job", ready=lambda: bool(harness.jobs))
         job = harness.jobs.popleft()
-        if job.func == transport.RUN:
+        if job.func == handoff.RUN:
             stream, group_id = job.args
             hand_over = actor.rng.random() < 0.1
             harness.note(f"{actor.actor_name} runs job run({stream}, {group_id})")
             try:
-                runs.run(stream, group_id, budget=0.0 if hand_over else 1e6)
+                run.run_stream(stream, group_id, budget=0.0 if hand_over else 1e6)
             except WorkerCrash:
                 harness.note(f"{actor.actor_name} crashed")
         else:
@@ -916,21 +907,21 @@ def operator_program(actor: Actor) -> None:
             op = "resume"
         actor.gate(f"operator: {op} {stream}")
         if op == "distribute":
-            runs.distribute(stream)
+            distribute.distribute_stream(stream)
         elif op == "rescue":
             rescue.requeue_due_groups(get_stream(stream))
         elif op == "clock":
             time_passes()
             harness.expire_all()
         elif op == "pause":
-            runs.set_paused(stream, True)
+            steer.set_paused(stream, True)
             paused.add(stream)
         else:
-            runs.set_paused(stream, False)
+            steer.set_paused(stream, False)
             paused.discard(stream)
     for stream in sorted(paused):
         actor.gate(f"operator: resume {stream}")
-        runs.set_paused(stream, False)
+        steer.set_paused(stream, False)
 
 
 def floor_program(actor: Actor) -> None:
@@ -969,7 +960,7 @@ def recovery_program(actor: Actor) -> None:
     actor.harness.expire_all()
     for stream in STREAMS:
         actor.gate(f"recovery: distribute {stream}")
-        runs.distribute(stream)
+        distribute.distribute_stream(stream)
 
 
 # -- a scenario ----------------------------------------------------------------------------

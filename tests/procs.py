@@ -327,7 +327,7 @@ def fail_on_queue_failures() -> None:
 def claim_until_empty(stream: str, start_file: str, wait_seconds: float = 300) -> None:
     """Child process: wait for *start_file*, claim groups until a claim is empty, print them.
 
-    The process job of each claim is captured in memory (``transport.capture``), so only
+    The process job of each claim is captured in memory (``handoff.capture``), so only
     the claims themselves touch the database. The last line printed is a JSON list of
     ``[group_id, size]``. A worker whose start signal never comes exits with status 3.
     """
@@ -336,8 +336,8 @@ def claim_until_empty(stream: str, start_file: str, wait_seconds: float = 300) -
     django.setup()
     from django.db import connection
 
-    from django_outbox import transport
-    from django_outbox.runs import claim_group
+    from django_outbox.streams.run import claim_group
+    from django_outbox.transport import handoff
 
     connection.ensure_connection()  # connect before the start, not during the race
     print("ready", flush=True)
@@ -348,7 +348,7 @@ def claim_until_empty(stream: str, start_file: str, wait_seconds: float = 300) -
             sys.exit(3)
         time.sleep(0.002)
     claimed: list[list[Any]] = []
-    with transport.capture():
+    with handoff.capture():
         while True:
             result = claim_group(stream)
             if result.size == 0:
@@ -366,11 +366,11 @@ def run_stream_until_empty(stream: str, start_file: str, wait_seconds: float = 1
     django.setup()
     from django.db import connection
 
-    from django_outbox import transport
     from django_outbox.conf import get_stream
     from django_outbox.models import OutboxEvent, OutboxGroup
-    from django_outbox.rescue import requeue_due_groups
-    from django_outbox.runs import run
+    from django_outbox.streams.rescue import requeue_due_groups
+    from django_outbox.streams.run import run_stream
+    from django_outbox.transport import handoff
 
     connection.ensure_connection()
     print("ready", flush=True)
@@ -384,8 +384,8 @@ def run_stream_until_empty(stream: str, start_file: str, wait_seconds: float = 1
         if time.monotonic() > deadline:
             print("not drained", flush=True)
             sys.exit(4)
-        with transport.capture() as queue:
-            did = run(stream)
+        with handoff.capture() as queue:
+            did = run_stream(stream)
             requeue_due_groups(config)
             while queue:
                 did += queue.popleft().run() or []

@@ -49,8 +49,8 @@ INSTALLED_APPS = [
 # The django.tasks backend exists from Django 6.0 on (django.tasks).
 TASKS_AVAILABLE = django.VERSION >= (6, 0)
 if TASKS_AVAILABLE:
-    # The check test of a project that forgot the app (tests/test_tasks_backend.py) runs
-    # a child without it.
+    # The check test of a project that forgot the app
+    # (tests/tasks_backend/test_tasks_backend.py) runs a child without it.
     if os.environ.get("OUTBOX_TEST_NO_TASKS_APP") != "1":
         INSTALLED_APPS.append("django_outbox.tasks_backend")
     TASKS = {
@@ -108,12 +108,12 @@ else:
     }
 
 # A second database for the tests of streams on many databases
-# (tests/test_many_databases.py): pytest-django creates it only for a run that collects
+# (tests/streams/test_many_databases.py): pytest-django creates it only for a run that collects
 # a test declaring it (``databases={"default", "other"}``). Its name is the default's
 # with "2" appended; a child process is given the test copy's name
 # (``OUTBOX_TEST_OTHER_NAME``, tests/procs.py). A test that moves it to a server of its
 # own gives its children that database's URL (``OUTBOX_TEST_OTHER_URL``,
-# tests/test_many_databases_processes.py).
+# tests/processes/test_many_databases_processes.py).
 OTHER_DATABASE = "other"
 #: The keys that say where a database is (the rest is the default database's).
 LOCATION = ("NAME", "HOST", "PORT", "USER", "PASSWORD")
@@ -190,7 +190,7 @@ ORDERED_STREAM: dict[str, Any] = {
     "BACKOFF_SECONDS": 1,
     "LEASE_SECONDS": 120,
 }
-# The ordered process test (tests/test_ordering_processes.py): random failures, killed
+# The ordered process test (tests/processes/test_ordering_processes.py): random failures, killed
 # workers, on the crash test's cluster (short lease and timeout).
 ORDERED_CHAOS_STREAM: dict[str, Any] = {
     **ORDERED_STREAM,
@@ -209,7 +209,7 @@ LOGGING = {
     "loggers": {"django-q": {"handlers": ["null"], "propagate": False}},
 }
 
-# The crash tests (tests/test_crash.py) run a stream with a short lease on a cluster of
+# The crash tests (tests/processes/test_crash.py) run a stream with a short lease on a cluster of
 # its own; their child processes switch it on through the environment.
 CRASH_STREAM = {
     "HANDLER": "tests.testapp.handlers.slow_record",
@@ -225,7 +225,7 @@ if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["crash"] = CRASH_STREAM
     DJANGO_OUTBOX["STREAMS"]["ordered"] = ORDERED_CHAOS_STREAM
     Q_CLUSTER["ALT_CLUSTERS"] = {"crash": CRASH_CLUSTER}
-# The process test of streams on many databases (tests/test_many_databases_processes.py):
+# The process test of streams on many databases (tests/processes/test_many_databases_processes.py):
 # the crash stream on each of the two databases, one cluster for both.
 CRASH_OTHER_STREAM = {**CRASH_STREAM, "DATABASE": OTHER_DATABASE}
 if os.environ.get("OUTBOX_TEST_MANY_DATABASES"):
@@ -241,7 +241,7 @@ POISON_STREAM = {
 if os.environ.get("OUTBOX_TEST_CRASH"):
     DJANGO_OUTBOX["STREAMS"]["poison"] = POISON_STREAM
 
-# The rate-budget tests (tests/test_budget.py) run a stream limited to 10 handler calls a
+# The rate-budget tests (tests/streams/test_budget.py) run a stream limited to 10 handler calls a
 # second in child processes and clusters of their own; their children switch it on.
 PACED_STREAM = {
     "HANDLER": "tests.testapp.handlers.record_call_time",
@@ -251,7 +251,7 @@ PACED_STREAM = {
 }
 if os.environ.get("OUTBOX_TEST_PACED"):
     DJANGO_OUTBOX["STREAMS"]["paced"] = PACED_STREAM
-# A row budget (ROWS_PER_SECOND) shared by two processes (tests/test_budget.py).
+# A row budget (ROWS_PER_SECOND) shared by two processes (tests/streams/test_budget.py).
 ROWED_STREAM = {
     "HANDLER": "tests.testapp.handlers.record_call_time",
     "ROWS_PER_SECOND": 20,
@@ -261,7 +261,7 @@ ROWED_STREAM = {
 if os.environ.get("OUTBOX_TEST_ROWED"):
     DJANGO_OUTBOX["STREAMS"]["rowed"] = ROWED_STREAM
 
-# The database-restart test (tests/test_db_restart.py) drains two streams through a
+# The database-restart test (tests/processes/test_db_restart.py) drains two streams through a
 # cluster of its own on a throwaway server; its children switch them on.
 OUTAGE_STREAMS: dict[str, dict[str, Any]] = {
     # Exactly-once database effects: the handler's HandledCall row commits with the archive.
@@ -281,7 +281,7 @@ if os.environ.get("OUTBOX_TEST_OUTAGE"):
 if os.environ.get("OUTBOX_TEST_REDELIVER"):  # the cluster test: lost staged jobs, soon
     DJANGO_OUTBOX["STAGING"]["REDELIVER_SECONDS"] = int(os.environ["OUTBOX_TEST_REDELIVER"])
 
-# The dispatcher-thread test (tests/test_dispatch_thread.py) runs a cluster whose workers
+# The dispatcher-thread test (tests/processes/test_dispatch_thread.py) runs a cluster whose workers
 # recycle after each task, with the dispatch after a commit handed to the dispatcher
 # thread.
 if os.environ.get("OUTBOX_TEST_DISPATCH_ON_COMMIT"):

@@ -63,7 +63,7 @@ def outlive_lease(seconds: float) -> bool:
     """Run longer than the lease; return whether the lease is still held at the end."""
     import time
 
-    from django_outbox.db import database_now
+    from django_outbox.base.dialect import database_now
     from django_outbox.tasks_backend.models import TaskRecord
 
     time.sleep(seconds)  # the task's work: longer than lease_seconds

@@ -21,8 +21,8 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from django_outbox import publish_many
-from django_outbox.batch import group_leases
 from django_outbox.conf import get_stream
+from django_outbox.jobs.staging import stage_task
 from django_outbox.models import (
     ArchivedEvent,
     GroupState,
@@ -34,7 +34,7 @@ from django_outbox.models import (
     StagedJob,
     StreamState,
 )
-from django_outbox.staging import stage_task
+from django_outbox.streams.groups import group_leases
 from django_outbox.unique.dispatch import dispatch
 from tests.conftest import InlineRunner, publish_unwoken
 
@@ -173,7 +173,7 @@ def archived(n: int, minutes_ago: int, stream: str = "audit", **fields) -> None:
 
 def test_the_throughput_chart_counts_at_most_the_cap_per_stream_and_says_so():
     from django_outbox.admin import chart_svg, throughput
-    from django_outbox.db import database_now
+    from django_outbox.base.dialect import database_now
 
     archived(4, minutes_ago=30)
     archived(3, minutes_ago=2)

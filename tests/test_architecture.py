@@ -1,8 +1,9 @@
-"""The package's layers: a module imports only from its own layer or the layers below.
+"""The package's layout: a feature lives in one folder, and a module's layer is read
+from its path.
 
-Read with the Architecture section of docs/explanation/architecture.md. An import inside
-a function counts like one at the top of the module: a lazy import is still a dependency.
-A relative import counts as the absolute import it stands for.
+Read with docs/explanation/architecture.md, whose claims these tests check. An import
+inside a function counts like one at the top of the module (a lazy import is still a
+dependency); a relative import counts as the absolute import it stands for.
 """
 
 from __future__ import annotations
@@ -11,91 +12,108 @@ import ast
 import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_outbox"
+TESTS = Path(__file__).resolve().parent
 
-#: Layers, lowest first. A module not named here belongs to the engine.
-BASE = {
-    "django_outbox",
-    "django_outbox.exceptions",
-    "django_outbox.options",
-    "django_outbox.durations",
-    "django_outbox.jsondata",
-    "django_outbox.backoff",
-    "django_outbox.oncommit",
-    "django_outbox.tracing",
-    "django_outbox.db.dialect",
-    "django_outbox.db.transient",
-    "django_outbox.routing",
-    "django_outbox.unique",
-}
-CONFIG = {"django_outbox.conf", "django_outbox.unique.options"}
-INTERFACE = {
-    "django_outbox.admin",
-    "django_outbox.apps",
-    "django_outbox.checks",
-    "django_outbox.unique.checks",
-    "django_outbox.metrics",
-    "django_outbox.tasks",
-    "django_outbox.urls",
-    "django_outbox.management",
-    "django_outbox.management.commands",
-}
+#: Layers, lowest first.
 LAYERS = ("base", "config", "models", "sql", "engine", "interface")
+#: The feature packages, lowest first: within a layer, a module imports only from its own
+#: feature or the ones before it (the streams use jobs' row locks, not the other way).
+FEATURES = (
+    "signals",
+    "lease",
+    "transport",
+    "jobs",
+    "streams",
+    "unique",
+    "archive",
+    "tasks_backend",
+)
+#: Modules at the root of the package besides ``__init__``, by layer.
+ROOT_MODULES = {
+    "exceptions": "base",
+    "conf": "config",
+    "signals": "engine",
+    "admin": "interface",
+    "apps": "interface",
+    "checks": "interface",
+    "metrics": "interface",
+    "operations": "interface",
+    "tasks": "interface",
+    "urls": "interface",
+}
+#: File names that put a module of a feature package in a layer of its own.
+ROLE_FILES = {
+    "options": "config",
+    "models": "models",
+    "sql": "sql",
+    "admin": "interface",
+    "apps": "interface",
+    "checks": "interface",
+}
+#: Packages that are interfaces as a whole (their models and options aside).
+INTERFACE_PACKAGES = ("management", "tasks_backend")
+#: The most modules one import cycle may hold.
+MAX_CYCLE = 5
 
-#: The import cycles allowed, by what closes each: one lazy import upward, from a model
-#: to the engine. ``UniqueJob.enqueue()`` and ``UniqueJob.dispatch()`` reach the engine
-#: through a lazy accessor; so do the task kind's ``perform()`` (the task runner) and its
-#: options (read from ``TASKS``). Every other import points down, so every cycle of the
-#: package goes through the first edge of one of these (the shortest such cycle is named).
-ALLOWED_CYCLES = {
-    "UniqueJob.enqueue()": (
-        "django_outbox.models.unique",
-        "django_outbox.unique.enqueue",
-        "django_outbox.models.unique",
-    ),
-    "UniqueJob.dispatch()": (
-        "django_outbox.models.unique",
-        "django_outbox.unique.dispatch",
-        "django_outbox.models.unique",
-    ),
+#: The seams: a model's method that starts engine work imports it inside the method.
+#: These are the only imports that point up; every cycle of the package goes through one.
+SEAMS = {
+    "UniqueJob.enqueue()": ("django_outbox.models.unique", "django_outbox.unique.enqueue"),
+    "UniqueJob.dispatch()": ("django_outbox.models.unique", "django_outbox.unique.dispatch"),
     "TaskRecord.perform()": (
         "django_outbox.tasks_backend.models",
         "django_outbox.tasks_backend.execute",
-        "django_outbox.tasks_backend.backend",
-        "django_outbox.tasks_backend.models",
-    ),
-    "the task kind's options": (
-        "django_outbox.tasks_backend.models",
-        "django_outbox.tasks_backend.options",
-        "django_outbox.tasks_backend.models",
     ),
 }
-#: The upward imports allowed: the first edge of each allowed cycle.
-ALLOWED = {(cycle[0], cycle[1]) for cycle in ALLOWED_CYCLES.values()}
-#: The django.tasks backend is an interface over the engine, with a model of its own.
-TASKS_BACKEND = "django_outbox.tasks_backend"
+ALLOWED = set(SEAMS.values())
+
+
+def parts_of(module: str) -> list[str]:
+    return module.split(".")[1:]
+
+
+def layer_name(module: str) -> str:
+    """The layer of *module*, read from its path."""
+    parts = parts_of(module)
+    if not parts or parts[0] == "base":
+        return "base"
+    if len(parts) == 1 and parts[0] in ROOT_MODULES:
+        return ROOT_MODULES[parts[0]]
+    if parts[0] == "models":
+        return "models"
+    if "sql" in parts[1:]:
+        return "sql"
+    role = ROLE_FILES.get(parts[-1]) if len(parts) > 1 else None
+    if role is not None:
+        return role
+    if parts[0] in INTERFACE_PACKAGES:
+        return "interface"
+    return "engine"
 
 
 def layer(module: str) -> int:
-    if module in BASE:
-        return 0
-    if module in CONFIG:
-        return 1
-    if module == "django_outbox.models" or module.startswith("django_outbox.models."):
-        return 2
-    if module == f"{TASKS_BACKEND}.models":
-        return 2
-    if module == TASKS_BACKEND or module.startswith(f"{TASKS_BACKEND}."):
-        return 5
-    if module == "django_outbox.db" or module.startswith("django_outbox.db."):
-        return 3
-    if module in INTERFACE or module.startswith("django_outbox.management."):
-        return 5
-    return 4
+    return LAYERS.index(layer_name(module))
+
+
+def feature(module: str) -> int:
+    """The rank of *module*'s feature package in :data:`FEATURES` (-1: none)."""
+    parts = parts_of(module)
+    return FEATURES.index(parts[0]) if parts and parts[0] in FEATURES else -1
+
+
+def allowed(a: str, b: str) -> bool:
+    """Whether module *a* may import module *b*."""
+    if (a, b) in ALLOWED or layer(b) < layer(a):
+        return True
+    if layer(b) > layer(a):
+        return False
+    return feature(b) <= feature(a) or layer_name(a) == "interface"
 
 
 def modules() -> dict[str, Path]:
@@ -143,97 +161,213 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(path, known, name) - {name} for name, path in known.items()}
 
 
-def test_no_module_imports_from_a_layer_above_its_own():
-    upward = sorted(
-        f"{a} ({LAYERS[layer(a)]}) imports {b} ({LAYERS[layer(b)]})"
+def test_no_module_imports_from_a_layer_above_or_a_later_feature():
+    refused = sorted(
+        f"{a} ({layer_name(a)}) imports {b} ({layer_name(b)})"
         for a, targets in graph().items()
         for b in targets
-        if layer(b) > layer(a) and (a, b) not in ALLOWED
+        if not allowed(a, b)
     )
-    assert upward == []
+    assert refused == []
 
 
-def cycles(edges: dict[str, set[str]]) -> list[str]:
-    state: dict[str, int] = {}
-    found = []
+def test_no_module_below_the_interface_imports_the_models_package():
+    """Below the interface a model is imported from its own module, so importing one
+    model does not import them all (and the engine behind ``UniqueJob``'s methods)."""
+    found = sorted(
+        a
+        for a, targets in graph().items()
+        if "django_outbox.models" in targets and layer_name(a) != "interface"
+    )
+    assert found == []
 
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for target in sorted(edges[node]):
-            if state.get(target) == 1:
-                found.append(" -> ".join([*path[path.index(target) :], target]))
-            elif target not in state:
-                visit(target, [*path, target])
-        state[node] = 2
 
-    for start in sorted(edges):
-        if start not in state:
-            visit(start, [start])
+def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The import cycles of *edges*: each set of modules that reach each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
     return found
 
 
-def test_the_imports_have_no_cycle_but_the_allowed_ones():
-    """Without the first edge of each allowed cycle, the imports have no cycle at all."""
+def test_the_largest_import_cycle_is_small_and_goes_through_a_seam():
+    cycles = strongly_connected(graph())
+    largest = max(cycles, key=len, default=set())
+    assert len(largest) <= MAX_CYCLE, f"largest import cycle: {sorted(largest)}"
+    for cycle in cycles:
+        assert [seam for seam in ALLOWED if set(seam) <= cycle], sorted(cycle)
+
+
+def test_without_the_seams_the_imports_have_no_cycle():
     edges = {a: {b for b in targets if (a, b) not in ALLOWED} for a, targets in graph().items()}
-    assert cycles(edges) == []
+    assert strongly_connected(edges) == []
 
 
-def shortest_path(edges: dict[str, set[str]], source: str, target: str) -> tuple[str, ...]:
-    paths, queue = {source: (source,)}, [source]
-    while queue:
-        node = queue.pop(0)
-        for following in sorted(edges[node]):
-            if following == target:
-                return (*paths[node], following)
-            if following not in paths:
-                paths[following] = (*paths[node], following)
-                queue.append(following)
-    return ()
+@pytest.mark.parametrize("name", sorted(SEAMS))
+def test_each_seam_is_an_import_inside_a_method_of_the_model(name):
+    model, engine = SEAMS[name]
+    tree = ast.parse(modules()[model].read_text())
+    top = {
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert engine not in top and engine in graph()[model]
 
 
-@pytest.mark.parametrize("name", sorted(ALLOWED_CYCLES))
-def test_each_allowed_cycle_is_as_named(name):
-    """The shortest way back from each allowed upward import is the cycle named above."""
-    start, first, *_ = ALLOWED_CYCLES[name]
-    edges = graph()
-    assert first in edges[start]
-    assert (start, *shortest_path(edges, first, start)) == ALLOWED_CYCLES[name]
-
-
-def test_a_new_cycle_is_reported():
-    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert cycles(edges) == ["a -> b -> c -> a"]
+def test_a_cycle_is_found():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
 @pytest.mark.parametrize(
-    "statement",
+    ("module", "statement"),
     [
-        "from django_outbox.runs import wake",
-        "from ..runs import wake",  # relative imports follow the same rules
-        "from .. import runs",
+        ("django_outbox.models.fake", "from django_outbox.streams.run import wake"),
+        ("django_outbox.models.fake", "from ..streams.run import wake"),  # relative, too
+        ("django_outbox.models.fake", "from ..streams import run"),
+        ("django_outbox.jobs.fake", "from django_outbox.streams.run import wake"),  # feature
+        ("django_outbox.streams.sql.fake", "from django_outbox.streams.run import wake"),
     ],
 )
-def test_the_layer_rules_catch_an_upward_import(tmp_path, statement):
-    """The test above can fail: a model importing the engine is reported."""
-    fake = {"django_outbox.models.fake": tmp_path / "fake.py"}
-    fake["django_outbox.models.fake"].write_text(f"{statement}\n")
-    known = {**modules(), **fake}
-    found = imports(fake["django_outbox.models.fake"], known, "django_outbox.models.fake")
-    assert found == {"django_outbox.runs"}
-    assert layer("django_outbox.runs") > layer("django_outbox.models.fake")
+def test_the_rules_catch_an_import_they_refuse(tmp_path, module, statement):
+    """The tests above can fail: an import across the line is reported."""
+    fake = tmp_path / "fake.py"
+    fake.write_text(f"{statement}\n")
+    known = {**modules(), module: fake}
+    assert imports(fake, known, module) == {"django_outbox.streams.run"}
+    assert not allowed(module, "django_outbox.streams.run")
 
 
-def test_the_architecture_page_lists_every_module_in_its_layer():
-    """One row per module (``management/commands/`` as one), with the layer enforced here."""
-    page = (PACKAGE.parent / "docs" / "explanation" / "architecture.md").read_text()
-    rows = dict(re.findall(r"^\| `([\w/.]+)` \| (\w+) \|", page, flags=re.M))
-    listed = {}
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("django_outbox", "base"),
+        ("django_outbox.base.routing", "base"),
+        ("django_outbox.conf", "config"),
+        ("django_outbox.unique.options", "config"),
+        ("django_outbox.models.groups", "models"),
+        ("django_outbox.tasks_backend.models", "models"),
+        ("django_outbox.streams.sql.wake_guard", "sql"),
+        ("django_outbox.unique.sql", "sql"),
+        ("django_outbox.streams.run", "engine"),
+        ("django_outbox.unique.checks", "interface"),
+        ("django_outbox.tasks_backend.backend", "interface"),
+        ("django_outbox.management.commands.outbox_run", "interface"),
+    ],
+)
+def test_the_layer_is_read_from_the_path(module, expected):
+    assert layer_name(module) == expected
+
+
+def test_the_package_root_holds_the_modules_django_users_expect_and_the_features():
+    """At the root: the modules a Django app has (apps, models, admin, checks, urls,
+    management, migrations) and the public ones; every other module is in a package."""
+    root = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert root == set(ROOT_MODULES)
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == {*FEATURES[1:], "base", "models", "management", "migrations"}
+
+
+# -- the architecture page -------------------------------------------------------------
+
+PAGE = PACKAGE.parent / "docs" / "explanation" / "architecture.md"
+
+
+def package_of(module: str) -> str:
+    """The node of *module* in the page's diagram: the layer for the base, config, models
+    and interface layers; the feature package for the SQL and the engine."""
+    name = layer_name(module)
+    if name in ("sql", "engine"):
+        parts = parts_of(module)
+        return parts[0] if len(parts) > 1 else name if parts[0] != "signals" else "signals"
+    return name
+
+
+def package_graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for a, targets in graph().items():
+        for b in targets:
+            if (a, b) not in ALLOWED and package_of(a) != package_of(b):
+                edges[package_of(a)].add(package_of(b))
+    return edges
+
+
+def reduced(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The arrows of *edges* not implied by a longer path (its transitive reduction)."""
+
+    def reach(start: str, skip: tuple[str, str]) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            for target in edges.get(node, ()):
+                if (node, target) != skip and target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    return {(a, b) for a, targets in edges.items() for b in targets if b not in reach(a, (a, b))}
+
+
+def test_the_page_draws_every_package_arrow():
+    """The mermaid diagram's arrows are the package imports, each drawn once (an arrow
+    implied by a longer path is left out)."""
+    drawn = set(re.findall(r"^\s+(\w+) --> (\w+)$", PAGE.read_text(), flags=re.M))
+    assert drawn == reduced(package_graph())
+
+
+def test_the_page_lists_every_package_and_root_module_in_its_layers():
+    page = PAGE.read_text()
+    rows = dict(re.findall(r"^\| `([\w/.]+)` \| ([\w, ]+) \|", page, flags=re.M))
+    listed: dict[str, set[str]] = defaultdict(set)
     for name, path in modules().items():
-        relative = path.relative_to(PACKAGE).as_posix()
-        if relative.startswith("management/"):
-            relative = "management/commands/"
-        listed[relative] = LAYERS[layer(name)]
-    assert rows == listed
+        relative = path.relative_to(PACKAGE)
+        key = f"{relative.parts[0]}/" if len(relative.parts) > 1 else relative.as_posix()
+        if key != "__init__.py":
+            listed[key].add(layer_name(name))
+    order = {name: index for index, name in enumerate(LAYERS)}
+    assert rows == {k: ", ".join(sorted(v, key=order.__getitem__)) for k, v in listed.items()}
+
+
+def test_the_page_states_the_largest_cycle():
+    largest = max(strongly_connected(graph()), key=len, default=set())
+    assert f"at most {MAX_CYCLE} modules (today {len(largest)})" in PAGE.read_text()
+
+
+def test_every_test_file_lives_with_its_package_or_tier():
+    """Tests follow the packages: ``tests/<package>/`` for a feature, ``tests/`` for the
+    root modules, ``tests/processes/`` for the process tier, ``tests/docs/`` for the docs."""
+    folders = {p.parent.name for p in TESTS.rglob("test_*.py")} - {TESTS.name}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders <= packages | {"processes", "docs"}
+    for path in TESTS.glob("test_*.py"):
+        stem = path.stem.removeprefix("test_")
+        expected = {*ROOT_MODULES, "architecture", "pg", "commands", "migrations"}
+        assert stem.split("_")[0] in expected, path
 
 
 @pytest.mark.parametrize("statement", ["import django_outbox"])
@@ -255,24 +389,25 @@ def test_importing_the_package_loads_nothing_else(statement):
 #: django-q2, the signals): each declares its public names in ``__all__``.
 PUBLIC = (
     "django_outbox",
-    "django_outbox.batch",
+    "django_outbox.streams.batch",
     "django_outbox.exceptions",
-    "django_outbox.idempotency",
-    "django_outbox.inline",
-    "django_outbox.locking",
+    "django_outbox.jobs.idempotency",
+    "django_outbox.streams.inline",
+    "django_outbox.jobs.locking",
     "django_outbox.metrics",
     "django_outbox.models",
     "django_outbox.models.unique",
     "django_outbox.operations",
-    "django_outbox.publishing",
-    "django_outbox.replay",
-    "django_outbox.runs",
+    "django_outbox.streams.publish",
+    "django_outbox.archive.replay",
+    "django_outbox.streams.run",
+    "django_outbox.streams.steer",
     "django_outbox.signals",
-    "django_outbox.staging",
+    "django_outbox.jobs.staging",
     "django_outbox.tasks",
     "django_outbox.tasks_backend",
     "django_outbox.tasks_backend.backend",
-    "django_outbox.tracing",
+    "django_outbox.base.tracing",
 )
 
 
@@ -338,7 +473,7 @@ def test_the_model_signal_receivers_listen_to_buffer_models_only():
     from django.db.models import signals
 
     from django_outbox.models import OutboxEvent
-    from django_outbox.runs import _wake_on_save
+    from django_outbox.streams.run import _wake_on_save
 
     def ours(signal, sender):
         sync, asynchronous = signal._live_receivers(sender)

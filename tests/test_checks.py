@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import subprocess
@@ -19,10 +20,10 @@ from django.db import connection
 from django.db.utils import ConnectionHandler
 from django.test import override_settings
 
-from django_outbox import transport
 from django_outbox.admin import register_stream_buffers
 from django_outbox.checks import check_django_q, check_sqlite_transactions
 from django_outbox.conf import get_stream
+from django_outbox.transport import handoff
 from marketing.models import ContactActivityEvent
 from tests.testapp.handlers import record
 
@@ -33,9 +34,10 @@ TEST_Q_CLUSTER = settings.Q_CLUSTER
 KNOWN_OPTIONS = (
     "Known options: ARCHIVE, ARCHIVE_FAILED_RETENTION_DAYS, ARCHIVE_RETENTION_DAYS, "
     "AUTO_HEARTBEAT, BACKOFF_MAX_SECONDS, BACKOFF_SECONDS, BATCH_SIZE, CALLS_PER_SECOND, "
-    "CHAINS, CLUSTER, DATABASE, "
+    "CLUSTER, DATABASE, "
     "EVERY_MINUTES, HANDLER, HANDOFF_SECONDS, ISOLATE_FAILURES, LEASE_SECONDS, MAX_ATTEMPTS, "
-    "MODEL, ON_EXHAUSTED, ORDER_AFTER_DEAD_LETTER, ORDER_KEY, ROWS_PER_SECOND, TRANSACTIONAL."
+    "MODEL, ON_EXHAUSTED, ORDER_AFTER_DEAD_LETTER, ORDER_KEY, ROWS_PER_SECOND, RUNS, "
+    "TRANSACTIONAL."
 )
 NAME_HINT = "Use 1 to 64 lowercase letters, digits, '_' or '-', starting with a letter or digit."
 TIMEOUT_RETRY_HINT = (
@@ -407,7 +409,7 @@ def test_a_batch_size_above_the_bound_is_e039_and_the_bound_itself_is_accepted()
 @pytest.mark.parametrize(
     ("option", "default"),
     [
-        ("CHAINS", 4),
+        ("RUNS", 4),
         ("EVERY_MINUTES", 1),
         ("MAX_ATTEMPTS", 8),
         ("BACKOFF_SECONDS", 10),
@@ -455,8 +457,8 @@ def test_flag_that_is_not_a_bool_is_e031(option, value, default):
         (
             "MAX_BATCHES",
             50,
-            "Runs continue while rows wait, up to CHAINS per stream; remove MAX_BATCHES "
-            "(raise CHAINS for more parallel runs).",
+            "Runs continue while rows wait, up to RUNS per stream; remove MAX_BATCHES "
+            "(raise RUNS for more parallel runs).",
         ),
     ],
 )
@@ -469,7 +471,37 @@ def test_an_option_of_an_earlier_version_is_w003_and_ignored(option, value, hint
                 hint,
             )
         ]
-        assert get_stream("audit").chains == 4
+        assert get_stream("audit").runs == 4
+
+
+def test_a_renamed_option_is_w008_and_its_value_is_used_under_the_new_name():
+    with override_settings(DJANGO_OUTBOX=one_stream(CHAINS=2)):
+        assert outbox_messages() == [
+            (
+                "django_outbox.W008",
+                f"{WHERE}['CHAINS'] is now called 'RUNS'; its value is used as RUNS.",
+                "Rename CHAINS to RUNS (the old name works in 0.1 only).",
+            )
+        ]
+        assert get_stream("audit").runs == 2
+
+
+def test_a_renamed_option_given_with_its_new_name_is_ignored_w008():
+    with override_settings(DJANGO_OUTBOX=one_stream(CHAINS=2, RUNS=3)):
+        [(check, message, _)] = outbox_messages()
+        assert (check, message) == (
+            "django_outbox.W008",
+            f"{WHERE}['CHAINS'] is now called 'RUNS'; its value is ignored: the stream gives both.",
+        )
+        assert get_stream("audit").runs == 3
+
+
+def test_a_renamed_option_is_checked_under_its_new_name():
+    with override_settings(DJANGO_OUTBOX=one_stream(CHAINS=0)):
+        assert [check for check, *_ in outbox_messages()] == [
+            "django_outbox.W008",
+            "django_outbox.E030",
+        ]
 
 
 @pytest.mark.parametrize("value", [5, "", ["fast"]])
@@ -947,7 +979,7 @@ REDELIVER_HINT = (
 @pytest.fixture
 def lossy_broker(monkeypatch):
     """A broker outside the staged jobs' transaction (Redis…): staged rows are redelivered."""
-    monkeypatch.setattr(transport, "in_transaction_hand_off", lambda alias=None: False)
+    monkeypatch.setattr(handoff, "in_transaction_hand_off", lambda alias=None: False)
 
 
 def test_redelivery_not_after_a_cluster_timeout_is_e057_with_a_broker_that_can_lose_jobs(
@@ -1104,3 +1136,23 @@ def test_migrate_on_a_fresh_database_does_not_tell_the_user_to_run_migrate(tmp_p
     assert "W006" not in migrate.stdout + migrate.stderr
     after = manage("check", "--database", "default")
     assert "W006" not in after.stdout + after.stderr
+
+
+def test_a_module_imported_by_its_old_path_is_that_module_and_w009(monkeypatch):
+    from django_outbox.base import moved
+    from django_outbox.jobs import locking
+
+    monkeypatch.delitem(sys.modules, "django_outbox.locking", raising=False)
+    monkeypatch.setattr(moved, "USED", {})
+    with pytest.warns(DeprecationWarning, match="django_outbox.locking moved to"):
+        old = importlib.import_module("django_outbox.locking")
+    assert old is locking
+    assert outbox_messages() == [
+        (
+            "django_outbox.W009",
+            "django_outbox.locking moved to django_outbox.jobs.locking: the old path works in "
+            "0.1 only.",
+            "Import django_outbox.jobs.locking instead (in migration files too, where "
+            "makemigrations wrote the old path).",
+        )
+    ]

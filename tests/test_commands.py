@@ -15,10 +15,10 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from django_outbox import publish_many
+from django_outbox.jobs.staging import drain_until_empty, stage_task
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, Outcome, StagedJob
-from django_outbox.runs import set_paused
-from django_outbox.staging import drain_until_empty, stage_task
-from django_outbox.status import KEPT_SHOWN
+from django_outbox.streams.status import KEPT_SHOWN
+from django_outbox.streams.steer import set_paused
 from tests.conftest import publish_unwoken
 from tests.testapp.models import HandledCall
 
@@ -211,7 +211,7 @@ def test_run_one_round_processes_the_backlog_and_reports_it():
 
     output = run("outbox_run")
 
-    # Distribute starts 3 runs (25 rows, batches of 10, CHAINS 4), each with a
+    # Distribute starts 3 runs (25 rows, batches of 10, RUNS 4), each with a
     # reservation. Run here one after the other, the first claims 10 rows, 10 more, then
     # the last 5, and ending drops the two reservations no job has taken: their jobs do
     # nothing.
@@ -252,7 +252,7 @@ def test_run_until_empty_drains_a_backlog():
 
     output = run("outbox_run", "audit", "--until-empty")
 
-    # Distribute starts CHAINS (4) runs; each run's claims come back full, so the runs
+    # Distribute starts RUNS (4) runs; each run's claims come back full, so the runs
     # claim on in their own worker until the 95 rows are taken.
     assert output == (
         "Processed 10 groups (done 10) in 4 run job(s); 1 round(s), stopped: empty.\n"

@@ -11,9 +11,9 @@ from django_q.models import OrmQ
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_outbox import publish_many
+from django_outbox.jobs.staging import stage_task
 from django_outbox.models import StagedJob
-from django_outbox.runs import set_paused
-from django_outbox.staging import stage_task
+from django_outbox.streams.steer import set_paused
 from tests.conftest import publish_unwoken
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,10 +14,10 @@ from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
-from django_outbox.inline import run_inline
 from django_outbox.models import ArchivedEvent, OutboxEvent
 from django_outbox.models.archive import Outcome
 from django_outbox.operations import PublishTrigger
+from django_outbox.streams.inline import run_inline
 from tests.testapp.models import HandledCall, Purchase
 
 pytestmark = pytest.mark.django_db

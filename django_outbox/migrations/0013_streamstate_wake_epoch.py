@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-from django_outbox.db import wake_guard
+from django_outbox.streams.sql import wake_guard
 
 
 def create_function(apps, schema_editor):
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='streamstate',
             name='wake_epoch',
-            field=models.BigIntegerField(default=0, editable=False, help_text='Raised by a run about to end; publishers that skipped their wake under the previous value are waited for (see django_outbox.db.wake_guard).'),
+            field=models.BigIntegerField(default=0, editable=False, help_text='Raised by a run about to end; publishers that skipped their wake under the previous value are waited for (see django_outbox.streams.sql.wake_guard).'),
         ),
         migrations.RunPython(create_function, drop_function, elidable=False),
     ]

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from django_outbox.db import wake_guard
+from django_outbox.streams.sql import wake_guard
 
 
 def replace_function(apps, schema_editor):

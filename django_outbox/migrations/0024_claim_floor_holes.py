@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-from django_outbox.db import claim_floor
+from django_outbox.streams.sql import claim_floor
 
 BUFFER = "django_outbox_outboxevent"
 
@@ -39,7 +39,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='streamstate',
             name='floor_pending',
-            field=models.BigIntegerField(default=0, editable=False, help_text="The id the claim floor may move to next; a buffer insert at or below it takes the floor's lock (see django_outbox.claim_floor)."),
+            field=models.BigIntegerField(default=0, editable=False, help_text="The id the claim floor may move to next; a buffer insert at or below it takes the floor's lock (see django_outbox.streams.claim_floor)."),
         ),
         migrations.CreateModel(
             name='FloorHole',

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
-from django_outbox.routing import StreamScopedManager
+from django_outbox.base.routing import StreamScopedManager
 
 
 class Outcome(models.TextChoices):

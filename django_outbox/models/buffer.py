@@ -19,8 +19,8 @@ from django.db.models.functions import Now
 from django.db.models.signals import class_prepared
 from django.dispatch import Signal, receiver
 
+from django_outbox.base.tracing import current_traceparent
 from django_outbox.conf import outbox_settings
-from django_outbox.tracing import current_traceparent
 
 UNCLAIMED_INDEX = "outbox_unclaimed"
 #: The longest ``OutboxEvent.order_key`` value (an ordered stream's key, as text).
@@ -58,7 +58,7 @@ class BufferEvent(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     group_id = models.UUIDField(null=True, blank=True, editable=False)
     #: The W3C ``traceparent`` of the span that wrote the row, when one was recording
-    #: (OpenTelemetry, :mod:`django_outbox.tracing`); the handler's span links to it.
+    #: (OpenTelemetry, :mod:`django_outbox.base.tracing`); the handler's span links to it.
     #: NULL, not "": no trace, and a column added to a big table without rewriting it.
     trace_context = models.CharField(  # noqa: DJ001
         max_length=55, null=True, blank=True, editable=False, default=current_traceparent

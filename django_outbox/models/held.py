@@ -7,7 +7,7 @@ import uuid
 from django.db import models
 from django.db.models.functions import Now
 
-from django_outbox.routing import StreamScopedManager
+from django_outbox.base.routing import StreamScopedManager
 
 
 class HeldKey(models.Model):

@@ -6,8 +6,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.functions import Now
 
+from django_outbox.base.routing import StreamScopedManager
 from django_outbox.conf import MAX_BATCH_SIZE
-from django_outbox.routing import StreamScopedManager
 
 
 class StreamState(models.Model):
@@ -15,17 +15,17 @@ class StreamState(models.Model):
 
     ``paused`` and ``batch_size_override`` are obeyed by the next claim. ``wanted`` is
     raised by a commit that wrote rows while a run of the stream was in flight, and
-    lowered by the run that claims again because of it (see :mod:`django_outbox.runs`).
+    lowered by the run that claims again because of it (see :mod:`django_outbox.streams.run`).
     ``claim_floor`` is where claims of the stream start in the buffer's id order on a
     database that keeps dead index entries (PostgreSQL; see
-    :mod:`django_outbox.claim_floor`): every row at or below it is claimed, or recorded
+    :mod:`django_outbox.streams.claim_floor`): every row at or below it is claimed, or recorded
     as a :class:`FloorHole`. ``floor_pending`` is the id the floor may move to next, and
     ``floor_barrier`` the transactions it waits for first.
     ``wake_epoch`` is raised by a run that is about to end, so that it can wait for the
     publishers that skipped their wake while it was in flight
-    (:mod:`django_outbox.db.wake_guard`).
+    (:mod:`django_outbox.streams.sql.wake_guard`).
     ``next_call_at``, ``paused_until``, ``budget_calls`` and ``budget_rows`` are the
-    stream's rate budget and pause (see :mod:`django_outbox.budget`).
+    stream's rate budget and pause (see :mod:`django_outbox.streams.budget`).
     """
 
     stream = models.CharField(max_length=64, primary_key=True)
@@ -51,7 +51,7 @@ class StreamState(models.Model):
         default=0,
         editable=False,
         help_text="The id the claim floor may move to next; a buffer insert at or below "
-        "it takes the floor's lock (see django_outbox.claim_floor).",
+        "it takes the floor's lock (see django_outbox.streams.claim_floor).",
     )
     floor_barrier = models.JSONField(
         null=True,
@@ -63,7 +63,7 @@ class StreamState(models.Model):
         default=0,
         editable=False,
         help_text="Raised by a run about to end; publishers that skipped their wake "
-        "under the previous value are waited for (see django_outbox.db.wake_guard).",
+        "under the previous value are waited for (see django_outbox.streams.sql.wake_guard).",
     )
     next_call_at = models.DateTimeField(
         null=True,
@@ -113,7 +113,7 @@ class StreamState(models.Model):
 class FloorHole(models.Model):
     """Buffer rows of a stream written at or below its claim floor: *low* to *high*.
 
-    Written by the buffer's insert trigger (PostgreSQL, :mod:`django_outbox.claim_floor`)
+    Written by the buffer's insert trigger (PostgreSQL, :mod:`django_outbox.streams.claim_floor`)
     in the writer's transaction, so it commits with the rows. A claim starts below the
     lowest hole of its stream; the floor's next move deletes the holes whose rows are all
     claimed.
@@ -139,7 +139,7 @@ class KindState(models.Model):
 
     ``wake_epoch`` is raised by a worker whose chunks of the kind end, so that it can
     wait for the enqueues that skipped their dispatch while the kind was at its
-    concurrency (:mod:`django_outbox.db.wake_guard`). The row is written by the first
+    concurrency (:mod:`django_outbox.streams.sql.wake_guard`). The row is written by the first
     such worker.
     """
 

@@ -128,7 +128,7 @@ class OutboxTaskBackend(BaseTaskBackend):
         With a ``unique_key`` that has a task no worker started yet, that task's result
         is returned and nothing is inserted.
         """
-        from django_outbox.db import connection_for
+        from django_outbox.base.routing import connection_for
         from django_outbox.tasks_backend.models import TaskRecord
         from django_outbox.unique.enqueue import created_or_unstarted
 
@@ -161,9 +161,9 @@ class OutboxTaskBackend(BaseTaskBackend):
     ) -> list[TaskResult]:
         """Insert one row per call (the shared columns sent once per statement); send
         ``task_enqueued`` and return the results of the rows created."""
-        from django_outbox.db.unique import JobTable
         from django_outbox.tasks_backend.models import TaskRecord
         from django_outbox.unique.enqueue import insert_many, storable
+        from django_outbox.unique.sql import JobTable
 
         table = JobTable(TaskRecord)
         common = storable(
@@ -230,7 +230,7 @@ class OutboxTaskBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as its row says now; ``TaskResultDoesNotExist`` if none
         (or the row belongs to another backend alias, or was pruned)."""
-        from django_outbox.db import connection_for
+        from django_outbox.base.routing import connection_for
         from django_outbox.tasks_backend.models import TaskRecord
 
         try:
@@ -269,7 +269,7 @@ class OutboxTaskBackend(BaseTaskBackend):
             args=record.args,
             kwargs=record.kwargs,
             backend=record.backend,
-            errors=[errors_of(record.last_error)] if record.last_error else [],
+            errors=[task_error(record.last_error)] if record.last_error else [],
             worker_ids=record.worker_ids.splitlines(),
         )
         if status is TaskResultStatus.SUCCESSFUL:
@@ -297,7 +297,7 @@ def load_task(path: str) -> Task:
     return task
 
 
-def errors_of(text: str) -> TaskError:
+def task_error(text: str) -> TaskError:
     """A stored error (a traceback, or a note of ours) as Django's ``TaskError``."""
     return TaskError(exception_class_path=exception_path(text), traceback=text)
 

@@ -13,10 +13,10 @@ from typing import Any
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
 
+from django_outbox.base.option_table import Problem, is_positive_number
 from django_outbox.checks import TASKS_APP, errors_of, names_tasks_backend, tasks_app_missing
-from django_outbox.options import Problem, is_positive_number
 from django_outbox.tasks_backend.options import TUNABLE, given, our_aliases
-from django_outbox.transport import cluster_options
+from django_outbox.transport.handoff import cluster_options
 
 
 def check_backend(alias: str) -> list[CheckMessage]:

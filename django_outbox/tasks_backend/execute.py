@@ -14,30 +14,25 @@ third of ``lease_seconds`` while a task runs.
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-import time
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
 from django.tasks import TaskContext, TaskResultStatus, task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from django_outbox.exceptions import LeaseLost, PermanentFailure
-from django_outbox.idempotency import function_scope, idempotent
-from django_outbox.lease import describe, worker_identity
-from django_outbox.tasks_backend.backend import OutboxTaskBackend, errors_of, load_task
+from django_outbox.base.errors import describe
+from django_outbox.exceptions import PermanentFailure
+from django_outbox.jobs.idempotency import function_scope, idempotent
+from django_outbox.lease.engine import worker_identity
+from django_outbox.lease.heartbeat import beating
+from django_outbox.tasks_backend.backend import OutboxTaskBackend, load_task, task_error
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from django_outbox.tasks_backend.models import TaskRecord
 
-logger = logging.getLogger(__name__)
 
 #: The scope of the idempotency keys of tasks: ``django.tasks:`` and the task's path
 #: (hashed when the two are longer than a scope may be).
@@ -69,14 +64,14 @@ def perform(record: TaskRecord, heartbeat: Callable[[], None]) -> Any:
     task_started.send(sender, task_result=result)
     args = [TaskContext(task_result=result), *record.args] if task.takes_context else record.args
     try:
-        with KEEPER.keep(heartbeat, record.job_options().lease_seconds):
+        with beating(heartbeat, record.job_options().lease_seconds, record):
             value = _call(task.call, args, record)
     except Exception as exc:
         options = record.job_options()
         if isinstance(exc, PermanentFailure) or record.attempt >= options.max_attempts:
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             object.__setattr__(result, "finished_at", timezone.now())
-            result.errors.append(errors_of(describe(exc)))
+            result.errors.append(task_error(describe(exc)))
             task_finished.send(sender, task_result=result)
         raise
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
@@ -111,67 +106,3 @@ def _backend(alias: str) -> OutboxTaskBackend:
     except Exception:  # InvalidTaskBackend: the alias was removed since the enqueue
         return OutboxTaskBackend(alias, {"QUEUES": []})
     return backend if isinstance(backend, OutboxTaskBackend) else OutboxTaskBackend(alias, {})
-
-
-class _LeaseKeeper:
-    """One thread per worker process that heartbeats the task running now, once it has
-    run a third of ``lease_seconds`` since its start or its last heartbeat.
-
-    The task's thread only sets and clears :attr:`current` (no lock, no wake-up: a
-    task costs nothing here); the keeper looks every ``POLL_SECONDS`` at most, and
-    every sixth of the lease for short leases. It starts on first use, after the fork.
-    """
-
-    POLL_SECONDS = 0.25
-
-    def __init__(self) -> None:
-        self.forget()
-
-    def forget(self) -> None:
-        """Start afresh: no task, no thread (a new process, a forked child: the parent's
-        task is not the child's, and a thread of the parent may have held the lock)."""
-        self.current: tuple[Callable[[], None], float, float] | None = None
-        self.pid = 0
-        self.starting = threading.Lock()
-
-    @contextmanager
-    def keep(self, heartbeat: Callable[[], None], lease_seconds: float) -> Iterator[None]:
-        if self.pid != os.getpid():
-            with self.starting:
-                if self.pid != os.getpid():
-                    threading.Thread(
-                        target=self._run, name="outbox-task-lease", daemon=True
-                    ).start()
-                    self.pid = os.getpid()
-        self.current = (heartbeat, time.monotonic(), lease_seconds / 3)
-        try:
-            yield
-        finally:
-            self.current = None
-
-    def _run(self) -> None:
-        beaten: tuple[object, float] | None = None  # (the task, its last heartbeat)
-        poll = self.POLL_SECONDS
-        while True:
-            time.sleep(poll)
-            current = self.current
-            if current is None:
-                continue
-            heartbeat, started, every = current
-            poll = min(self.POLL_SECONDS, every / 2)
-            last = beaten[1] if beaten is not None and beaten[0] is current else started
-            if time.monotonic() - last < every:
-                continue
-            try:
-                heartbeat()
-            except LeaseLost:
-                pass  # the engine finds out when it records the outcome, fenced by the attempt
-            except Exception:
-                logger.warning("Heartbeat of a running task failed.", exc_info=True)
-            finally:
-                connections.close_all()  # this thread's own: not held between heartbeats
-            beaten = (current, time.monotonic())
-
-
-KEEPER = _LeaseKeeper()
-os.register_at_fork(after_in_child=KEEPER.forget)

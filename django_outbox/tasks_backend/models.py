@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.db import models
+from django.dispatch import receiver
 
 from django_outbox.models.unique import UniqueJob
+from django_outbox.tasks_backend.options import configured
 
 
 class TaskRecord(UniqueJob):
@@ -65,8 +68,6 @@ class TaskRecord(UniqueJob):
     @classmethod
     def configured_job_options(cls) -> dict[str, Any]:
         """The options the OPTIONS of ``TASKS`` set (see :mod:`.options`)."""
-        from django_outbox.tasks_backend.options import configured
-
         return configured()
 
     def trace_span(self) -> tuple[str, dict[str, Any]]:
@@ -83,3 +84,11 @@ class TaskRecord(UniqueJob):
         from django_outbox.tasks_backend.execute import perform
 
         return perform(self, heartbeat)
+
+
+@receiver(setting_changed)
+def _forget_options(*, setting: str, **kwargs: Any) -> None:
+    """The kind's options are cached on the class: a test that changes ``TASKS`` (or the
+    cluster the kind's default comes from) gets them read again."""
+    if setting in ("TASKS", "Q_CLUSTER") and "_kind_options" in TaskRecord.__dict__:
+        del TaskRecord._kind_options

@@ -11,11 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from django_outbox.options import OptionTable
+from django_outbox.base.option_table import OptionTable
 from django_outbox.unique.options import OPTIONS
 
 #: The kind options a backend's OPTIONS may set (the others define the table).
@@ -76,12 +74,3 @@ def configured() -> dict[str, Any]:
             if name in TUNABLE:
                 merged.setdefault(name, value)
     return merged
-
-
-@receiver(setting_changed)
-def _reset(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("TASKS", "Q_CLUSTER"):
-        from django_outbox.tasks_backend.models import TaskRecord
-
-        if "_kind_options" in TaskRecord.__dict__:
-            del TaskRecord._kind_options

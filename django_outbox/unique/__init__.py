@@ -8,5 +8,5 @@
 * :mod:`~django_outbox.unique.checks` validates every kind's options.
 
 The model side is :class:`django_outbox.models.UniqueJob`; its SQL lives in
-:mod:`django_outbox.db.unique`.
+:mod:`django_outbox.unique.sql`.
 """

@@ -14,10 +14,10 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, register
 from django.db import models
 
+from django_outbox.base.option_table import is_positive_number
 from django_outbox.checks import errors_of
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, UniqueJob, all_kinds
-from django_outbox.options import is_positive_number
-from django_outbox.transport import cluster_options
+from django_outbox.transport.handoff import cluster_options
 from django_outbox.unique.options import OPTIONS, declared_options
 
 FIELD_OPTIONS = ("unique_fields", "unique_while_executing")

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 
-from django_outbox import transport
-from django_outbox.db.transient import outlast_outage
-from django_outbox.db.unique import JobTable
+from django_outbox.base.transient import outlast_outage
 from django_outbox.models.unique import all_kinds, get_kind
-from django_outbox.runs import RUN_SECONDS, wait_for_publishers
+from django_outbox.streams.run import RUN_SECONDS, wait_for_publishers
+from django_outbox.transport import handoff
 from django_outbox.unique.execute import JobOutcome, execute_chunk, rescue_expired
 from django_outbox.unique.options import KindOptions, kind_options
+from django_outbox.unique.sql import JobTable
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -68,7 +68,7 @@ class DispatchResult:
 def chunk_length(options: KindOptions) -> int:
     """How many jobs one django-q2 task runs: the kind's ``chunk_size``, or fewer, so that
     ``concurrency`` jobs spread over every worker of the kind's cluster."""
-    cluster = transport.cluster_options(options.cluster) or {}
+    cluster = handoff.cluster_options(options.cluster) or {}
     workers = cluster.get("workers") or os.cpu_count() or 1
     return max(1, min(options.chunk_size, math.ceil(options.concurrency / workers)))
 
@@ -108,7 +108,7 @@ def dispatch(
             started = _start(table, slots, one_by_one) if slots > 0 else []
             chunks = chunked(started, chunk_length(table.options))
             kept = tuple(chunks.pop(0)) if keep and chunks else ()
-            transport.enqueue(
+            handoff.enqueue(
                 RUN, [(model._meta.label, chunk) for chunk in chunks], cluster=table.options.cluster
             )
             return DispatchResult(
@@ -179,7 +179,7 @@ def wake_after_commit(model: type[UniqueJob]) -> bool:
     table = JobTable(model)
     if _at_concurrency(table):
         return False
-    transport.enqueue(RUN, [(model._meta.label, [])], cluster=table.options.cluster)
+    handoff.enqueue(RUN, [(model._meta.label, [])], cluster=table.options.cluster)
     return True
 
 
@@ -251,7 +251,7 @@ def _last_kept(model: type[UniqueJob]) -> list[tuple[int, int]]:
     dispatch once more; the chunk kept for this worker (none when nothing was ready).
 
     An ``enqueue()`` that found the kind at its concurrency skipped its dispatch
-    (:mod:`django_outbox.db.wake_guard`): raising the kind's epoch makes later ones
+    (:mod:`django_outbox.streams.sql.wake_guard`): raising the kind's epoch makes later ones
     dispatch themselves; the ones before are waited for, and this dispatch sees
     their jobs.
     """

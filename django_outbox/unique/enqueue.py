@@ -20,17 +20,18 @@ from django.db import models
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
-from django_outbox import tracing, transport
+from django_outbox.base import tracing
+from django_outbox.base.dialect import concrete_field
+from django_outbox.base.durations import validate_duration
+from django_outbox.base.jsondata import dumps, storable_text
+from django_outbox.base.oncommit import on_commit_once
 from django_outbox.conf import outbox_settings
-from django_outbox.db.base import concrete_field
-from django_outbox.db.unique import JobTable
-from django_outbox.db.wake_guard import LONG_TRANSACTION_SECONDS, relied_on_recently
-from django_outbox.durations import validate_duration
 from django_outbox.exceptions import JobError
-from django_outbox.jsondata import dumps, storable_text
 from django_outbox.models.unique import BOOKKEEPING_FIELDS, UNSTARTED, get_kind
-from django_outbox.oncommit import on_commit_once
+from django_outbox.streams.sql.wake_guard import LONG_TRANSACTION_SECONDS, relied_on_recently
+from django_outbox.transport import handoff
 from django_outbox.unique.dispatch import RUN, dispatch_after_commit
+from django_outbox.unique.sql import JobTable
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -258,7 +259,7 @@ def kick_after_commit(
     """Dispatch *model* right after the current transaction commits (once per commit).
 
     *guarded_since*: the insert found the kind at its concurrency under the wake guard
-    at that ``time.monotonic()`` (PostgreSQL, :mod:`django_outbox.db.wake_guard`): a
+    at that ``time.monotonic()`` (PostgreSQL, :mod:`django_outbox.streams.sql.wake_guard`): a
     worker in flight dispatches after this commit, so the commit needs no dispatch,
     unless every insert of the transaction was guarded and it outlasted
     ``LONG_TRANSACTION_SECONDS``.
@@ -284,18 +285,18 @@ def _wake(table: JobTable) -> tuple[str, str] | None:
     inserts decline it (:func:`_woke`)."""
     if outbox_settings().dispatch_on_commit == "thread" or not table.guards():
         return None
-    return transport.queue_row(_wake_job(table), table.alias)
+    return handoff.queue_row(_wake_job(table), table.alias)
 
 
 def _woke(table: JobTable) -> bool:
     """Whether the last insert queued the kind's wake (the next one signs another)."""
     if table.woke:
-        transport.queued(_wake_job(table))
+        handoff.queued(_wake_job(table))
     return table.woke
 
 
-def _wake_job(table: JobTable) -> transport.Job:
-    return transport.Job(RUN, (table.model._meta.label, []), table.options.cluster)
+def _wake_job(table: JobTable) -> handoff.Job:
+    return handoff.Job(RUN, (table.model._meta.label, []), table.options.cluster)
 
 
 def _dispatch(label: str, guarded_since: list[float | None]) -> None:

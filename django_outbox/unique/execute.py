@@ -3,7 +3,7 @@
 The django-q2 task carries a chunk: the ids of its jobs and the attempt number dispatch
 gave each. Starting a job matches that attempt (and ``started_at`` NULL: a second
 delivery starts nothing) and gives the job a fresh fencing *token*
-(:func:`~django_outbox.db.unique.new_token`, shared by the jobs one statement starts).
+(:func:`~django_outbox.unique.sql.new_token`, shared by the jobs one statement starts).
 Heartbeating, finishing and recording a failure all match only a job still ``running``
 under that token, so a worker that lost its lease (a rescue after it stalled, a
 duplicate delivery) changes nothing, even when the job runs the same attempt number
@@ -22,12 +22,12 @@ that was running ever loses an attempt.
 
 A database that goes away for a while (a restart, a failover, a dropped connection)
 costs a chunk nothing: its statements wait for the database to answer again, as the
-stream pipeline's do (:func:`~django_outbox.db.transient.outlast_outage`), for up to
+stream pipeline's do (:func:`~django_outbox.base.transient.outlast_outage`), for up to
 the kind's ``outage_seconds`` (half the lease, at most a minute), and then record what
 happened; the job it interrupted runs again under its lease.
 
 With OpenTelemetry, each job's ``perform()`` runs in a span of its own, a child of the
-span that enqueued it (:meth:`UniqueJob.trace_span`, :mod:`django_outbox.tracing`),
+span that enqueued it (:meth:`UniqueJob.trace_span`, :mod:`django_outbox.base.tracing`),
 also when one statement started its group.
 """
 
@@ -48,20 +48,21 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, JSONField, Q, QuerySet
 from django.db.models.functions import Now
 
-from django_outbox import tracing
-from django_outbox.db.base import concrete_field
-from django_outbox.db.transient import (
+from django_outbox.base import tracing
+from django_outbox.base.dialect import concrete_field
+from django_outbox.base.errors import clip, describe, last_line
+from django_outbox.base.jsondata import dumps
+from django_outbox.base.transient import (
     OUTAGE_RERUNS,
     await_database,
     is_transient,
     outlast_outage,
 )
-from django_outbox.db.unique import JobTable, new_token
 from django_outbox.exceptions import LeaseLost, PermanentFailure
-from django_outbox.jsondata import dumps
-from django_outbox.lease import LeaseTable, RetryPolicy, clip, describe, last_line, worker_identity
+from django_outbox.lease.engine import LeaseTable, RetryPolicy, worker_identity
 from django_outbox.models.unique import UNSTARTED, JobState, get_kind
 from django_outbox.unique.options import kind_options
+from django_outbox.unique.sql import JobTable, new_token
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob
@@ -152,7 +153,7 @@ class Heartbeat:
         self.renewed_at = time.monotonic()
 
 
-def take_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> int | None:
+def take_job_lease(model: type[UniqueJob], job_id: int, attempt: int, worker: str) -> int | None:
     """Start attempt *attempt* of a dispatched job: renew its lease, stamp the start;
     return the job's new fencing token (None: not started).
 

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_outbox.conf import outage_seconds
-from django_outbox.options import (
+from django_outbox.base.option_table import (
     BOOL,
     CLUSTER,
     POSITIVE_INT,
@@ -21,6 +20,7 @@ from django_outbox.options import (
     OptionTable,
     choice,
 )
+from django_outbox.conf import outage_seconds
 
 if TYPE_CHECKING:
     from django_outbox.models.unique import UniqueJob

@@ -15,7 +15,7 @@ it with a table built from where the thing is defined:
 
 An option or a check id the code has and this file does not describe (or the reverse)
 stops the build with its name: the reference cannot drift from the code.
-``tests/test_docs_reference.py`` renders every marker the same way.
+``tests/docs/test_docs_reference.py`` renders every marker the same way.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("stream", "MODEL"): "the buffer model (`app_label.Model`, a `BufferEvent` subclass). A "
     "custom model belongs to one stream; the generic one is shared",
     ("stream", "BATCH_SIZE"): "rows per group (one handler call)",
-    ("stream", "CHAINS"): "runs of the stream in flight at most (a full claim starts more, "
+    ("stream", "RUNS"): "runs of the stream in flight at most (a full claim starts more, "
     "up to this)",
     ("stream", "EVERY_MINUTES"): "interval of the stream's distribute schedule "
     "(`outbox_schedules`)",
@@ -379,13 +379,17 @@ CHECK_DOCS: dict[str, str] = {
     "W006": "a stream's database lacks migrations of django_outbox (database check: "
     "`check --database` runs it; `migrate`, which applies them, does not warn)",
     "W007": "a stream's database could not be read to check its migrations",
+    "W008": "a stream option under its old name (`CHAINS`, now `RUNS`): its value is used, "
+    "rename it",
+    "W009": "a module imported by the path it had before 0.1's layout (`django_outbox.staging`, "
+    "now `django_outbox.jobs.staging`): it works in 0.1 only, import the new path",
 }
 
 #: The modules whose source holds check ids (as string literals).
 CHECK_SOURCES = (
     "checks.py",
     "conf.py",
-    "options.py",
+    "base/option_table.py",
     "unique/checks.py",
     "unique/options.py",
     "tasks_backend/checks.py",
@@ -557,7 +561,7 @@ def render_signals() -> str:
 
 def metric_families() -> list[tuple[str, str, list[str]]]:
     """(name, help, labels) of every ``GaugeMetricFamily`` in ``metrics.py``."""
-    from django_outbox.status import COUNT_CAP
+    from django_outbox.streams.status import COUNT_CAP
 
     tree = ast.parse((PACKAGE / "metrics.py").read_text())
     found = []

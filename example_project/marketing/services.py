@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from django_outbox.staging import stage_task
+from django_outbox.jobs.staging import stage_task
 from marketing.models import ContactActivity, ContactActivityEvent, Lead
 
 

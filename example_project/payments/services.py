@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 # --8<-- [start:transfer]
-from django_outbox.idempotency import idempotent
-from django_outbox.locking import lock_rows, retry_on_conflict
+from django_outbox.jobs.idempotency import idempotent
+from django_outbox.jobs.locking import lock_rows, retry_on_conflict
 from payments.models import Account, Transfer
 
 

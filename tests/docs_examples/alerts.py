@@ -1,6 +1,6 @@
 """The metrics-and-logging guide's receiver: page someone when a group is dead-lettered.
 
-``tests/test_docs_examples.py`` dead-letters a group and sees the page.
+``tests/docs/test_docs_examples.py`` dead-letters a group and sees the page.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The async entry points of the guides: async views that publish, stage and enqueue.
 
-``tests/test_async.py`` calls them through ``AsyncClient`` (``tests/urls.py`` routes
+``tests/streams/test_async.py`` calls them through ``AsyncClient`` (``tests/urls.py`` routes
 them) and, in the process tier, with a real qcluster behind them.
 """
 
@@ -13,7 +13,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
 from django_outbox import apublish, publish
-from django_outbox.staging import astage_task
+from django_outbox.jobs.staging import astage_task
 
 # --8<-- [end:imports]
 from tests.testapp.models import JobEffect

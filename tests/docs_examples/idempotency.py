@@ -1,13 +1,13 @@
 """The idempotency guide's guarded block (``with idempotent(...)``).
 
-``tests/test_docs_examples.py`` runs it twice and sees one email.
+``tests/docs/test_docs_examples.py`` runs it twice and sees one email.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django_outbox.idempotency import idempotent
+from django_outbox.jobs.idempotency import idempotent
 
 SENT: list[int] = []  # the users the stand-in mailer wrote to
 

@@ -1,14 +1,14 @@
 """The guide to streams on many databases: a sharded application's router, streams and
 publish (docs/how-to/many-databases.md).
 
-``tests/test_many_databases.py`` runs it with the test databases as the shards.
+``tests/streams/test_many_databases.py`` runs it with the test databases as the shards.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django_outbox.batch import Batch
+from django_outbox.streams.batch import Batch
 
 #: What the handler delivered, by stream (the test reads it).
 SENT: dict[str, list[Any]] = {}

@@ -1,6 +1,6 @@
 """The tasks-backend guide's per-call keys (``using(unique_key=…)``, ``idempotency_key``).
 
-Django 6.0+ (django.tasks); ``tests/test_docs_examples.py`` runs it.
+Django 6.0+ (django.tasks); ``tests/docs/test_docs_examples.py`` runs it.
 """
 
 from __future__ import annotations

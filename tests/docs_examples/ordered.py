@@ -1,4 +1,4 @@
-"""The ordered-streams guide's settings (``tests/test_ordering.py`` checks them)."""
+"""The ordered-streams guide's settings (``tests/streams/test_ordering.py`` checks them)."""
 
 from __future__ import annotations
 

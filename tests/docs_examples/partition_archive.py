@@ -1,6 +1,6 @@
 """A project's migration that partitions the outbox archive (docs/how-to/retention.md).
 
-``tests/test_partitions.py`` applies its operation to the test database's archive.
+``tests/archive/test_partitions.py`` applies its operation to the test database's archive.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The publish guide's generic stream (``publish`` and ``publish_many``).
 
-``tests/test_docs_examples.py`` runs it against the test settings' ``audit`` stream.
+``tests/docs/test_docs_examples.py`` runs it against the test settings' ``audit`` stream.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The rate-limits guide's handler: a 429 from the service pauses the stream.
 
-``tests/test_budget.py`` runs it against a stand-in service that answers 429.
+``tests/streams/test_budget.py`` runs it against a stand-in service that answers 429.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The staged-jobs guide's example (``marketing/services.py`` in the guide).
 
-``tests/test_docs_examples.py`` runs it.
+``tests/docs/test_docs_examples.py`` runs it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from django_outbox.staging import stage_task
+from django_outbox.jobs.staging import stage_task
 from marketing.models import Lead
 
 from .jobs import ask_for_feedback, charge_signup_fee, send_welcome

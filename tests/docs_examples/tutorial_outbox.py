@@ -1,6 +1,6 @@
 """The tutorial's handler module (``marketing/outbox.py`` in the tutorial).
 
-``tests/test_docs_examples.py`` runs it through the pipeline; the tutorial includes it
+``tests/docs/test_docs_examples.py`` runs it through the pipeline; the tutorial includes it
 from here.
 """
 

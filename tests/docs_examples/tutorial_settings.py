@@ -1,6 +1,6 @@
 """The settings the tutorial adds to a project (``settings.py`` in the tutorial).
 
-``tests/test_docs_examples.py`` checks them with the app's system checks.
+``tests/docs/test_docs_examples.py`` checks them with the app's system checks.
 """
 
 from pathlib import Path

@@ -1,6 +1,6 @@
 """The tutorial's "verify it works" step, typed into ``python manage.py shell``.
 
-``tests/test_docs_examples.py`` runs both halves against the test database, with the
+``tests/docs/test_docs_examples.py`` runs both halves against the test database, with the
 inline runner between them, as the tutorial does.
 """
 

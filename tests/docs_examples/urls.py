@@ -1,4 +1,4 @@
-"""The metrics guide's URLconf line; ``tests/test_docs_examples.py`` resolves it."""
+"""The metrics guide's URLconf line; ``tests/docs/test_docs_examples.py`` resolves it."""
 
 from __future__ import annotations
 

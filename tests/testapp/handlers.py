@@ -10,8 +10,8 @@ from pathlib import Path
 from django.core.cache import cache
 
 from django_outbox import BatchResult, PermanentFailure, RetryAfter
-from django_outbox.batch import Batch
-from django_outbox.db import database_now
+from django_outbox.base.dialect import database_now
+from django_outbox.streams.batch import Batch
 from tests.testapp.models import HandledCall, JobEffect
 
 #: Behaviour switch for the tests, read by the ``audit`` stream's handler.

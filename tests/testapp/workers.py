@@ -10,7 +10,7 @@ def process_once(stream: str, group_id: str) -> None:
     import django
 
     django.setup()
-    from django_outbox.attempt import process_group
+    from django_outbox.streams.attempt import process_group
 
     outcome = process_group(stream, group_id)
     print(outcome.value, flush=True)
@@ -24,7 +24,7 @@ def stage_jobs(prefix: str, count: int) -> None:
     django.setup()
     from django.db import transaction
 
-    from django_outbox.staging import stage_task
+    from django_outbox.jobs.staging import stage_task
 
     for n in range(count):
         with transaction.atomic():

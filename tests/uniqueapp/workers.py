@@ -56,10 +56,10 @@ def execute_once(kind: str, job_id: int, attempt: int) -> None:
     import django
 
     django.setup()
-    from django_outbox import transport
+    from django_outbox.transport import handoff
     from django_outbox.unique.execute import execute_job
 
-    with transport.capture():  # the dispatch after the job stays in this process
+    with handoff.capture():  # the dispatch after the job stays in this process
         outcome = execute_job(kind, job_id, attempt)
     print(outcome.value, flush=True)
     sys.exit(0)

@@ -9,9 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
+from django_outbox.base.errors import last_line
 from django_outbox.conf import outbox_settings
-from django_outbox.lease import last_line
-from django_outbox.staging import drain
+from django_outbox.jobs.staging import drain
 
 logger = logging.getLogger(__name__)
 

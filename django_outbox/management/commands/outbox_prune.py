@@ -5,9 +5,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_outbox.archive.prune import DEFAULT_BATCH_SIZE, prune_all
 from django_outbox.conf import outbox_settings
 from django_outbox.models import ArchivedEvent
-from django_outbox.prune import DEFAULT_BATCH_SIZE, prune_all
 
 
 def _batch_size(text: str) -> int:

@@ -9,8 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from django_outbox.archive.replay import archive_databases, dead_letters, replay_failed
 from django_outbox.exceptions import UnknownStream
-from django_outbox.replay import archive_databases, dead_letters, replay_failed
 
 EXAMPLE_TIME = "2026-11-24T10:00:00+00:00"
 

@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.exceptions import UnknownStream
-from django_outbox.inline import RunReport, run_inline
-from django_outbox.status import StreamStatus
+from django_outbox.streams.inline import RunReport, run_inline
+from django_outbox.streams.status import StreamStatus
 
 
 class Command(BaseCommand):

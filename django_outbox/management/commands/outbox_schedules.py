@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_outbox.schedules import sync_schedules
+from django_outbox.transport.schedules import sync_schedules
 
 
 class Command(BaseCommand):

@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_outbox.exceptions import UnknownStream
-from django_outbox.staging import staging_databases
-from django_outbox.status import all_statuses, staged_status
+from django_outbox.jobs.staging import staging_databases
+from django_outbox.streams.status import all_statuses, staged_status
 
 #: A kept staged job's error is shortened to this many characters in the text output.
 ERROR_WIDTH = 160

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from django_outbox import tune
+from django_outbox.archive import tune
 
 
 def _ratio(text: str) -> float:

@@ -21,6 +21,7 @@ from django_q.models import OrmQ, Task
 from django_q.tasks import async_task
 from payments.models import Account, Transfer
 
+from django_outbox.jobs.staging import stage_task
 from django_outbox.models import (
     ArchivedEvent,
     IdempotencyKey,
@@ -30,9 +31,8 @@ from django_outbox.models import (
     StagedJob,
     StreamState,
 )
-from django_outbox.schedules import sync_schedules
-from django_outbox.staging import stage_task
-from django_outbox.status import stream_status
+from django_outbox.streams.status import stream_status
+from django_outbox.transport.schedules import sync_schedules
 from marketing.models import ApiRequest, ContactActivity, ContactActivityEvent, Lead, WelcomeEmail
 from marketing.services import record_activity, sign_up_lead
 

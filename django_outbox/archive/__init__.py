@@ -1,0 +1,2 @@
+"""The archive and the tables' upkeep: retention, partitions, replay of dead letters,
+autovacuum tuning."""

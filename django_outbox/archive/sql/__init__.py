@@ -1,0 +1,1 @@
+"""The SQL of the partitioned archive and of table health."""

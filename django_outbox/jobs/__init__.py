@@ -1,0 +1,1 @@
+"""Jobs: transactionally staged jobs, idempotency keys, row locks in a fixed order."""

@@ -1,0 +1,1 @@
+"""The SQL of staged jobs and idempotency keys."""

@@ -1,0 +1,1 @@
+"""The one lease engine: fenced updates, the heartbeat, expired leases, the retry policy."""

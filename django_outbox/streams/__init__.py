@@ -1,0 +1,1 @@
+"""Streams: publish into a buffer, claim a group, hand it to one bulk handler, archive it."""

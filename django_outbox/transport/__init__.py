@@ -1,0 +1,1 @@
+"""The hand-off to django-q2 (the only reader of its configuration) and its schedules."""

@@ -1,0 +1,500 @@
+"""The documentation's code runs: the tutorial, followed as written, delivers its batch.
+
+The pages include their code from ``tests/docs_examples/`` and from the example project
+(pymdownx.snippets, ``--8<--`` lines); these tests run that code against the test
+database. Every other ```python block of README.md and docs/ is checked here too: it
+compiles; a settings block (only assignments to UPPERCASE names) passes the app's
+system checks, or the check its setting has; the README's example and the lines a page
+writes around an include are lines of the tested files. A block none of this covers
+fails ``test_every_python_example_is_included_or_checked``, named by page and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import importlib.util
+import io
+import json
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import django
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.db import connection, connections, transaction
+from django.test import override_settings
+from django.urls import resolve
+from django.utils.module_loading import import_string
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+from django_outbox import publish
+from django_outbox.checks import check_settings
+from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob
+from django_outbox.streams.inline import run_inline
+from django_outbox.transport import handoff
+from tests.docs_examples import (
+    alerts,
+    idempotency,
+    jobs,
+    publishing,
+    staging,
+    tutorial_outbox,
+    tutorial_settings,
+    tutorial_verify,
+)
+from tests.testapp.models import JobEffect
+
+HANDLER = "tests.docs_examples.tutorial_outbox.sync_activities"
+
+
+def tutorial_outbox_settings() -> dict:
+    """The tutorial's DJANGO_OUTBOX, its handler path pointed at where the test keeps it."""
+    stream = {**tutorial_settings.DJANGO_OUTBOX["STREAMS"]["marketing"], "HANDLER": HANDLER}
+    return {**tutorial_settings.DJANGO_OUTBOX, "STREAMS": {"marketing": stream}}
+
+
+def test_the_tutorial_settings_pass_the_system_checks():
+    assert tutorial_settings.DATABASES["default"]["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+    with override_settings(
+        DJANGO_OUTBOX=tutorial_outbox_settings(), Q_CLUSTER=tutorial_settings.Q_CLUSTER
+    ):
+        assert check_settings() == []
+
+
+@pytest.mark.django_db
+def test_the_tutorial_delivers_every_activity_with_the_inline_runner(
+    django_capture_on_commit_callbacks, monkeypatch
+):
+    sent: list[dict] = []  # what the stand-in service received
+    upsert = tutorial_outbox.bulk_upsert
+    monkeypatch.setattr(
+        tutorial_outbox, "bulk_upsert", lambda records: sent.extend(records) or upsert(records)
+    )
+    with override_settings(DJANGO_OUTBOX=tutorial_outbox_settings()):
+        # Step 7: record 1,000 activities, one transaction each; each commit wakes the
+        # stream, which queues a run job for a cluster that is not running.
+        with django_capture_on_commit_callbacks(execute=True):
+            tutorial_verify.record()
+        queued = list(OrmQ.objects.all())
+        assert queued, "the commits queued run jobs for a cluster"
+
+        report = run_inline(["marketing"], until_empty=True, max_wait_seconds=30)
+
+        assert report.stopped_because == "empty"
+        assert tutorial_verify.check() == 1000
+        assert sorted(record["ref"] for record in sent) == sorted(
+            ArchivedEvent.objects.filter(stream="marketing").values_list("event_id", flat=True)
+        )
+        status = io.StringIO()
+        call_command("outbox_status", "marketing", stdout=status)
+        line = status.getvalue().splitlines()[1]
+        assert line.split() == ["marketing", "active", "0", "-", "0", "0", "0", "1,000", "0"]
+
+        # The jobs the commits queued for a cluster find their groups done: a cluster
+        # started later does nothing more.
+        for row in queued:
+            task = SignedPackage.loads(row.payload)
+            import_string(task["func"])(*task["args"], **task["kwargs"])
+        assert ArchivedEvent.objects.filter(stream="marketing").count() == 1000
+        assert not OutboxGroup.objects.exists()
+
+
+# --8<-- [start:testing]
+@pytest.mark.django_db
+def test_an_activity_of_a_lead_without_email_becomes_a_dead_letter():
+    from marketing.models import Lead
+    from marketing.services import record_activity
+
+    stream = {
+        "HANDLER": "tests.docs_examples.tutorial_outbox.sync_activities",
+        "MODEL": "marketing.ContactActivityEvent",
+        "MAX_ATTEMPTS": 1,  # no retries in the test
+    }
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"marketing": stream}}):
+        record_activity(Lead.objects.create(name="Bo", email="bo@example.com"), "call")
+        record_activity(Lead.objects.create(name="No Email", email=""), "call")
+
+        run_inline(["marketing"], until_empty=True)  # the pipeline, in this process
+
+    archived = ArchivedEvent.objects.filter(stream="marketing")
+    assert sorted(archived.values_list("outcome", flat=True)) == ["done", "failed"]
+    assert archived.get(outcome="failed").error == "no email address"
+
+
+# --8<-- [end:testing]
+
+
+def run_queued_django_q_tasks() -> None:
+    """Run what django-q2's ORM queue holds, as a cluster's worker would, and empty it."""
+    for row in OrmQ.objects.all():
+        task = SignedPackage.loads(row.payload)
+        import_string(task["func"])(*task["args"], **task["kwargs"])
+        row.delete()
+
+
+@pytest.mark.django_db
+@override_settings(DJANGO_OUTBOX={"STAGING": {"ALLOWED_MODULES": ["tests.docs_examples.jobs"]}})
+def test_the_staged_jobs_guide_stages_on_commit_only(django_capture_on_commit_callbacks):
+    jobs.DONE.clear()
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        staging.sign_up("Gone", "gone@example.com")
+        raise Rollback
+    assert not OrmQ.objects.exists() and not StagedJob.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        lead = staging.sign_up("Ada", "ada@example.com")
+    run_queued_django_q_tasks()
+
+    assert sorted(jobs.DONE) == [("charge", lead.pk), ("welcome", lead.pk)]
+    delayed = StagedJob.objects.get()  # the feedback request waits three days
+    assert delayed.func.endswith("ask_for_feedback")
+
+
+def test_the_project_settings_pass_the_app_checks():
+    # --8<-- [start:checks]
+    from django.core.checks import run_checks
+
+    assert [m for m in run_checks() if m.id.startswith("django_outbox.")] == []
+    # --8<-- [end:checks]
+
+
+@pytest.mark.django_db
+def test_the_idempotency_guide_sends_the_welcome_email_once():
+    idempotency.SENT.clear()
+    user = User.objects.create(username="ada")
+
+    idempotency.welcome(user)
+    idempotency.welcome(user)  # a second delivery of the same job
+
+    assert idempotency.SENT == [user.pk]
+
+
+@pytest.mark.django_db
+def test_the_metrics_guide_pages_when_a_group_is_dead_lettered(
+    handler_mode, django_capture_on_commit_callbacks
+):
+    handler_mode("raise")
+    alerts.alerts.pages.clear()
+    audit = {**settings.DJANGO_OUTBOX["STREAMS"]["audit"], "MAX_ATTEMPTS": 1}
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"audit": audit}}):
+        # Receivers run after the change commits: the test's transaction never does.
+        with django_capture_on_commit_callbacks(execute=True):
+            publish("audit", {"n": 1})
+            publish("audit", {"n": 2})
+            run_inline(["audit"], until_empty=True)
+
+    [page] = alerts.alerts.pages  # the error ends with the handler's traceback
+    assert page.startswith("2 rows of stream audit dead-lettered: ")
+    assert page.endswith("RuntimeError: handler exploded")
+
+
+@pytest.mark.django_db
+def test_the_publish_guide_writes_one_audit_row_per_payload():
+    user = User.objects.create(username="ada")
+
+    publishing.audit_login_and_export(user, [7, 8])
+
+    payloads = list(OutboxEvent.objects.filter(stream="audit").values_list("payload", flat=True))
+    assert sorted(payloads, key=str) == sorted(
+        [
+            {"user": user.pk, "action": "login"},
+            {"user": 7, "action": "export"},
+            {"user": 8, "action": "export"},
+        ],
+        key=str,
+    )
+
+
+def test_the_metrics_guide_urlconf_serves_the_metrics():
+    match = resolve("/outbox/metrics", urlconf="tests.docs_examples.urls")
+    assert match.func.__module__.startswith("django_outbox.")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tasks_guide_keys_one_receipt_and_one_charge_per_order():
+    if django.VERSION < (6, 0):
+        pytest.skip("django.tasks exists from Django 6.0 on (tox -e py312-dj61-*)")
+    from tests.docs_examples import order_tasks
+
+    order = User.objects.create(username="order")  # anything with a pk
+    with handoff.capture() as queue:
+        with transaction.atomic():  # pending until the commit: the receipt is still unique
+            first_receipt, first_payment = order_tasks.place(order)
+            receipt, payment = order_tasks.place(order)  # the order placed twice
+        assert receipt.id == first_receipt.id  # one pending receipt per order
+        assert payment.id != first_payment.id  # two charge tasks, one guarded effect
+        while queue:
+            queue.popleft().run()
+
+    effects = sorted(JobEffect.objects.values_list("label", flat=True))
+    assert effects == ["charge", "receipt"]
+
+
+# -- Every ```python block of README.md and docs/ is included from a tested file or checked
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)")
+PYTHON = {"python", "py", "python3"}
+INCLUDE = re.compile(r'^--8<--[ \t]+"(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"[ \t]*$')
+MARKER = re.compile(r"^[ \t]*#?[ \t]*--8<--[ \t]+\[(?P<edge>start|end):(?P<section>[\w-]+)\]")
+# Where the suite's code lives: a page includes Python only from there.
+TESTED_DIRS = ("tests/", "example_project/")
+# The README cannot include files: its example is made of lines of these, which the
+# tutorial's tests and the example project's tests run.
+README_SOURCES = [
+    "example_project/marketing/models.py",
+    "example_project/marketing/services.py",
+    "example_project/marketing/outbox.py",
+    "tests/docs_examples/tutorial_outbox.py",
+    "tests/docs_examples/tutorial_settings.py",
+]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ```python block of a page: where it starts and its lines (fence indent removed)."""
+
+    page: Path
+    line: int  # the opening fence's, from 1
+    lines: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def includes(self) -> list[tuple[str, str | None]]:
+        found = (INCLUDE.match(line.strip()) for line in self.lines)
+        return [(m["path"], m["section"]) for m in found if m]
+
+    @property
+    def is_include(self) -> bool:
+        """Only snippet lines, with comments (the file's name) and blank lines around them."""
+        return bool(self.includes) and all(
+            not line.strip() or line.lstrip().startswith("#") or INCLUDE.match(line.strip())
+            for line in self.lines
+        )
+
+    def expanded(self) -> list[tuple[str, int | None]]:
+        """The block as the site shows it: each line, and its line on the page if the page
+        wrote it (None for an included line)."""
+        out: list[tuple[str, int | None]] = []
+        for n, line in enumerate(self.lines, start=self.line + 1):
+            m = INCLUDE.match(line.strip())
+            if m is None:
+                out.append((line, n))
+                continue
+            indent = line[: len(line) - len(line.lstrip())]
+            text = section_text(m["path"], m["section"])
+            out.extend((indent + included if included else "", None) for included in text)
+        return out
+
+    @property
+    def source(self) -> str:
+        return "\n".join(line for line, _ in self.expanded()) + "\n"
+
+
+def section_text(path: str, section: str | None) -> list[str]:
+    """A snippet's lines as pymdownx.snippets includes them (dedented, markers left out)."""
+    lines = (ROOT / path).read_text().splitlines()
+    if section is not None:
+        edges = [(i, m) for i, line in enumerate(lines) if (m := MARKER.match(line))]
+        starts = [i for i, m in edges if m["edge"] == "start" and m["section"] == section]
+        ends = [i for i, m in edges if m["edge"] == "end" and m["section"] == section]
+        assert starts and ends, f"{path} has no section {section!r}"
+        lines = lines[starts[0] + 1 : ends[0]]
+    kept = [line for line in lines if not MARKER.match(line)]
+    return textwrap.dedent("\n".join(kept)).splitlines()
+
+
+def python_blocks() -> list[Block]:
+    blocks = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            m = FENCE.match(lines[i])
+            if m is None:
+                i += 1
+                continue
+            j = i + 1
+            while j < len(lines) and not lines[j].strip().startswith(m["fence"]):
+                j += 1
+            if m["lang"].lower() in PYTHON:
+                indent = len(m["indent"])
+                body = tuple(
+                    line[indent:] if line[:indent].isspace() else line for line in lines[i + 1 : j]
+                )
+                blocks.append(Block(page, i + 1, body))
+            i = j + 1
+    return blocks
+
+
+def assigned_names(source: str) -> list[str] | None:
+    """The UPPERCASE settings a block assigns, or None if it does anything else."""
+    names = []
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target = statement.targets[0]
+        elif isinstance(statement, ast.AugAssign):
+            target = statement.target
+        else:
+            return None
+        while isinstance(target, (ast.Subscript, ast.Attribute)):
+            target = target.value
+        if not (isinstance(target, ast.Name) and target.id.isupper()):
+            return None
+        names.append(target.id)
+    return names
+
+
+def code_lines(source: str) -> list[str | None]:
+    """Each line's code without its comment, spaces collapsed (None for a line with none)."""
+    comments = {
+        token.start[0]: token.start[1]
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+    result: list[str | None] = []
+    for row, line in enumerate(source.splitlines(), start=1):
+        code = " ".join(line[: comments.get(row, len(line))].split())
+        result.append(code or None)
+    return result
+
+
+def how_checked(block: Block) -> str | None:
+    if block.is_include:
+        return "include"
+    if assigned_names(block.source) is not None:
+        return "settings"
+    if block.page.name == "README.md" or block.includes:
+        return "lines"
+    return None
+
+
+BLOCKS = python_blocks()
+
+
+def blocks_checked_by(kind: str) -> list[pytest.param]:
+    return [pytest.param(b, id=str(b)) for b in BLOCKS if how_checked(b) == kind]
+
+
+def test_every_python_example_is_included_or_checked():
+    assert any(b.page.name == "README.md" for b in BLOCKS), "the README's example was not found"
+    assert len([b for b in BLOCKS if how_checked(b) == "include"]) > 10
+    untested = [
+        f"{b}: {path}" for b in BLOCKS for path, _ in b.includes if not path.startswith(TESTED_DIRS)
+    ]
+    assert untested == [], f"included from outside {TESTED_DIRS}: {untested}"
+    unchecked = [str(b) for b in BLOCKS if how_checked(b) is None]
+    assert unchecked == [], (
+        "These ```python blocks are neither included from a tested file (--8<-- lines) nor "
+        "a settings block (assignments to UPPERCASE names): move the code into "
+        "tests/docs_examples/ (with a test) and include it, or fence what is not Python "
+        f"otherwise: {', '.join(unchecked)}"
+    )
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=str(b)) for b in BLOCKS])
+def test_python_example_compiles(block):
+    compile(block.source, str(block), "exec")
+
+
+@pytest.mark.parametrize("block", blocks_checked_by("lines"))
+def test_python_example_lines_come_from_tested_files(block):
+    """The README's example, and what a page writes around an include, are tested lines."""
+    sources = README_SOURCES if block.page.name == "README.md" else [p for p, _ in block.includes]
+    sources = list(dict.fromkeys(sources))
+    tested = {code for path in sources for code in code_lines((ROOT / path).read_text()) if code}
+    written = [
+        (page_line, code)
+        for (_, page_line), code in zip(block.expanded(), code_lines(block.source), strict=True)
+        if page_line is not None and code
+    ]
+    assert written
+    page = block.page.relative_to(ROOT)
+    missing = [f"{page}:{n}: {code}" for n, code in written if code not in tested]
+    assert missing == [], f"lines of {block} found in none of {sources}:\n" + "\n".join(missing)
+
+
+def logger_exists(name: str) -> bool:
+    """``django_outbox`` or one of its modules' ``getLogger(__name__)`` loggers."""
+    if name == "django_outbox":
+        return True
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return False
+    logger = getattr(module, "logger", None)
+    return isinstance(logger, logging.Logger) and logger.name == name
+
+
+@pytest.mark.django_db  # a DATABASES block connects with its options
+@pytest.mark.parametrize("block", blocks_checked_by("settings"))
+def test_settings_example_is_valid(block):
+    """A settings block, evaluated, passes the check its settings have."""
+    namespace: dict[str, Any] = {"DATABASES": copy.deepcopy(settings.DATABASES)}
+    exec(compile(block.source, str(block), "exec"), namespace)
+    values = {name: namespace[name] for name in assigned_names(block.source) or []}
+    known = {"DJANGO_OUTBOX", "Q_CLUSTER", "INSTALLED_APPS", "LOGGING", "DATABASES", "TASKS"}
+    assert set(values) <= known, f"{block}: no check for {sorted(set(values) - known)}: add one"
+
+    for app in values.get("INSTALLED_APPS", []):
+        assert app is Ellipsis or importlib.util.find_spec(app), f"{block}: no app {app!r}"
+
+    if "LOGGING" in values:
+        config = values["LOGGING"]
+        script = (
+            "import json, logging.config, sys; logging.config.dictConfig(json.loads(sys.argv[1]))"
+        )
+        subprocess.run([sys.executable, "-c", script, json.dumps(config)], check=True)
+        for name in config.get("loggers", {}):
+            if name.startswith("django_outbox"):
+                assert logger_exists(name), f"{block}: no logger named {name!r}"
+
+    outbox = {k: v for k, v in values.items() if k in ("DJANGO_OUTBOX", "Q_CLUSTER")}
+    if outbox:
+        with override_settings(**outbox):
+            messages = [m for m in run_checks() if m.id.startswith("django_outbox.")]
+        assert messages == [], f"{block}: {messages}"
+
+    if "DATABASES" in values:
+        # Only options of the project's database engine can be tried on it.
+        if connection.vendor != "postgresql":
+            pytest.skip("PostgreSQL options: checked by the PostgreSQL tier (pytest --postgres)")
+        options = values["DATABASES"]["default"]["OPTIONS"]
+        default = connections["default"]
+        wrapper = type(default)({**default.settings_dict, "OPTIONS": options}, alias="default")
+        try:
+            with wrapper.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                assert cursor.fetchone() == (1,)
+        finally:
+            wrapper.close()
+
+    if "TASKS" in values:
+        if django.VERSION < (6, 0):
+            pytest.skip("django.tasks exists from Django 6.0 on (tox -e py312-dj61-*)")
+        from django.tasks import task_backends
+
+        with override_settings(TASKS=values["TASKS"]):
+            for alias in values["TASKS"]:
+                assert list(task_backends[alias].check()) == [], f"{block}: TASKS[{alias!r}]"
