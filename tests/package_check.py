@@ -8,11 +8,15 @@ of ``dev.py``):
 2. installs the wheel into a fresh virtualenv outside the source tree (its
    dependencies from the package index) and checks that the installed package carries
    its migrations and admin templates;
-3. creates the tutorial's project there (``django-admin startproject``, ``startapp
-   marketing``, the tutorial's models, service, handler and settings, read from the
-   files the tutorial's pages include), runs ``makemigrations``, ``migrate`` and
-   ``check``, starts a real ``qcluster``, records the tutorial's 1,000 activities and
-   waits (bounded) until every one is archived as delivered.
+3. follows docs/tutorial.md literally in a new folder: every command of its ``bash``
+   blocks in order (``pip install`` installs the wheel, ``qcluster`` starts in the
+   background as in "another terminal"), every ``python`` block whose first line names
+   a file (``# marketing/models.py``: the file's content; ``# append to
+   mysite/settings.py``: added at its end) and every ``# python manage.py shell`` block,
+   typed into ``manage.py shell``; then runs the page's last shell block (the count of
+   delivered activities) until it prints 1,000 (bounded), and reports the time from
+   the new virtualenv to the first delivered activity and the commands and edits it
+   took.
 
 Exits 0 when all of it held, else prints what failed and exits 1. Only the standard
 library here; ``build`` and ``twine`` come from the ``dev`` dependency group.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,9 +34,11 @@ import tempfile
 import textwrap
 import time
 import venv
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TUTORIAL = ROOT / "docs" / "tutorial.md"
 #: How long the cluster may take to deliver the tutorial's 1,000 activities.
 DELIVERY_TIMEOUT = 180.0
 
@@ -51,20 +58,6 @@ def run(cmd: list[str | Path], cwd: Path, env: dict[str, str] | None = None) -> 
             f"{done.stdout[-4000:]}{done.stderr[-4000:]}"
         )
     return done.stdout
-
-
-def snippet(path: str, section: str) -> str:
-    """The lines between ``--8<-- [start:section]`` and ``[end:section]`` of *path*: what
-    the tutorial's pages include."""
-    text = (ROOT / path).read_text()
-    match = re.search(
-        rf"^[^\n]*--8<-- \[start:{section}\]\n(.*?)^[^\n]*--8<-- \[end:{section}\]",
-        text,
-        re.DOTALL | re.MULTILINE,
-    )
-    if match is None:
-        raise CheckFailed(f"{path} has no section {section!r}")
-    return textwrap.dedent(match.group(1))
 
 
 def build(out: Path) -> tuple[Path, Path]:
@@ -97,70 +90,147 @@ def install(wheel: Path, where: Path) -> Path:
     return python
 
 
-def tutorial_project(python: Path, project: Path) -> None:
-    """Create the tutorial's project in *project* with the installed package."""
-    project.mkdir()
-    run([python.parent / "django-admin", "startproject", "mysite", "."], cwd=project)
-    run([python, "manage.py", "startapp", "marketing"], cwd=project)
-    app = project / "marketing"
-    (app / "models.py").write_text(snippet("example_project/marketing/models.py", "models"))
-    (app / "services.py").write_text(
-        "from django.db import transaction\n\n"
-        "from marketing.models import ContactActivity, ContactActivityEvent, Lead\n\n\n"
-        + snippet("example_project/marketing/services.py", "record_activity")
-    )
-    (app / "outbox.py").write_text(snippet("tests/docs_examples/tutorial_outbox.py", "handler"))
-    settings = project / "mysite" / "settings.py"
-    apps = snippet("tests/docs_examples/tutorial_settings.py", "apps")
-    added = "\n".join(
-        (
-            f"INSTALLED_APPS += [\n{apps}]\n",
-            snippet("tests/docs_examples/tutorial_settings.py", "database"),
-            snippet("tests/docs_examples/tutorial_settings.py", "cluster"),
-            snippet("tests/docs_examples/tutorial_settings.py", "outbox"),
-        )
-    )
-    settings.write_text(settings.read_text() + "\n" + added)
+@dataclass
+class Step:
+    """One thing the tutorial asks for: a command, a file written or appended to, or
+    code typed into ``manage.py shell``."""
+
+    kind: str  # "command", "write", "append" or "shell"
+    text: str
+    path: str = ""
 
 
-def deliver(python: Path, project: Path) -> int:
-    """Migrate, check, start a qcluster, record the tutorial's activities; return how many
-    were archived as delivered within :data:`DELIVERY_TIMEOUT`."""
-    manage = [python, "manage.py"]
-    run([*manage, "makemigrations", "marketing"], cwd=project)
-    run([*manage, "migrate"], cwd=project)
-    run([*manage, "check", "--fail-level", "WARNING"], cwd=project)
-    run([*manage, "outbox_schedules"], cwd=project)
-    log = (project / "qcluster.log").open("w")
-    cluster = subprocess.Popen(
-        [*map(str, manage), "qcluster"],
-        cwd=project,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+FENCE = re.compile(r"^[ \t]*(`{3,})[ \t]*(\w*)")
+
+
+def tutorial_steps(page: Path = TUTORIAL) -> list[Step]:
+    """The commands and code of *page*'s ``bash`` and ``python`` blocks, in order."""
+    lines = page.read_text().splitlines()
+    steps: list[Step] = []
+    i = 0
+    while i < len(lines):
+        fence = FENCE.match(lines[i])
+        if fence is None:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == fence[1])
+        body = textwrap.dedent("\n".join(lines[i + 1 : end])).splitlines()
+        if fence[2] == "bash":
+            for line in body:
+                command = line.split("  #")[0].strip()
+                if command and not command.startswith("#"):
+                    steps.append(Step("command", command))
+        elif fence[2] == "python" and body and body[0].startswith("# "):
+            head, code = body[0][2:].strip(), "\n".join(body[1:]) + "\n"
+            if head == "python manage.py shell":
+                steps.append(Step("shell", code))
+            elif head.startswith("append to "):
+                steps.append(Step("append", code, head.removeprefix("append to ")))
+            elif re.fullmatch(r"[\w/]+\.py", head):
+                steps.append(Step("write", code, head))
+        i = end + 1
+    return steps
+
+
+@dataclass
+class Tutorial:
+    """The tutorial followed in *folder*, with the package from *wheel*."""
+
+    folder: Path
+    wheel: Path
+    started: float = field(default_factory=time.monotonic)
+    commands: int = 0
+    edits: int = 0
+    cluster: subprocess.Popen[bytes] | None = None
+
+    @property
+    def python(self) -> Path:
+        return self.folder / ".venv" / "bin" / "python"
+
+    def do(self, step: Step) -> None:
+        if step.kind == "command":
+            self.commands += 1
+            self.command(shlex.split(step.text))
+        elif step.kind == "shell":
+            self.commands += 1
+            self.shell(step.text)
+        else:
+            self.edits += 1
+            target = self.folder / step.path
+            before = target.read_text() if step.kind == "append" and target.exists() else ""
+            target.write_text(before + ("\n" if before else "") + step.text)
+
+    def command(self, argv: list[str]) -> None:
+        if argv[:3] == ["python3", "-m", "venv"]:
+            venv.EnvBuilder(with_pip=True).create(self.folder / argv[3])
+        elif argv[:1] == ["."]:  # activating the virtualenv: its bin/ comes first below
+            pass
+        elif argv[:2] == ["pip", "install"]:  # the wheel stands for the checkout
+            quiet = ["--quiet", "--disable-pip-version-check"]
+            run([self.python, "-m", "pip", "install", *quiet, self.wheel], self.folder)
+        elif argv == ["python", "manage.py", "qcluster"]:
+            log = (self.folder / "qcluster.log").open("w")
+            self.cluster = subprocess.Popen(  # "in another terminal"
+                [self.python, "manage.py", "qcluster"],
+                cwd=self.folder,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        elif argv[:1] == ["python"]:
+            run([self.python, *argv[1:]], self.folder)
+        else:
+            run([self.python.parent / argv[0], *argv[1:]], self.folder)
+
+    def shell(self, code: str) -> str:
+        return run([self.python, "manage.py", "shell", "-c", code], self.folder)
+
+    def stop(self) -> None:
+        if self.cluster is not None and self.cluster.poll() is None:
+            os.killpg(self.cluster.pid, signal.SIGTERM)
+            try:
+                self.cluster.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.cluster.pid, signal.SIGKILL)
+                self.cluster.wait()
+
+
+def delivered(output: str) -> int:
+    """The count the tutorial's last shell block prints ("1000 activities delivered")."""
+    match = re.search(r"(\d+) activities delivered", output)
+    if match is None:
+        raise CheckFailed(f"the tutorial's count printed no count: {output!r}")
+    return int(match.group(1))
+
+
+def follow(wheel: Path, folder: Path) -> tuple[int, float, Tutorial]:
+    """Follow the tutorial in *folder*; return the activities delivered, the seconds from
+    the new virtualenv to the first one, and the run (its counts)."""
+    steps = tutorial_steps()
+    shells = [step for step in steps if step.kind == "shell"]
+    if not shells or not any(step.kind == "command" for step in steps):
+        raise CheckFailed(f"{TUTORIAL} has no commands or no shell step: {steps}")
+    count = shells[-1]  # the verify step's count, run until every activity is in
+    steps = steps[: steps.index(count)]  # what follows it is an alternative (no cluster)
+    folder.mkdir()
+    tutorial = Tutorial(folder, wheel)
+    first = None
     try:
-        record = snippet("tests/docs_examples/tutorial_verify.py", "record")
-        run([*manage, "shell", "-c", record], cwd=project)
-        count = (
-            "from django_outbox.models import ArchivedEvent; "
-            "print(ArchivedEvent.objects.filter(stream='marketing', outcome='done').count())"
-        )
+        for step in steps:
+            tutorial.do(step)
+        if tutorial.cluster is None:
+            raise CheckFailed("the tutorial starts no qcluster")
         deadline = time.monotonic() + DELIVERY_TIMEOUT
         while True:
-            done = int(run([*manage, "shell", "-c", count], cwd=project).split()[-1])
-            if done >= 1000 or time.monotonic() > deadline or cluster.poll() is not None:
-                return done
+            done = delivered(tutorial.shell(count.text))
+            if done and first is None:
+                first = time.monotonic() - tutorial.started
+            if done >= 1000 or time.monotonic() > deadline or tutorial.cluster.poll() is not None:
+                tutorial.commands += 1
+                return done, first or float("nan"), tutorial
             time.sleep(1)  # the poll of a separate process: one `shell` a second
     finally:
-        if cluster.poll() is None:
-            os.killpg(cluster.pid, signal.SIGTERM)
-            try:
-                cluster.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(cluster.pid, signal.SIGKILL)
-                cluster.wait()
-        log.close()
+        tutorial.stop()
 
 
 def main() -> int:
@@ -169,17 +239,20 @@ def main() -> int:
         try:
             sdist, wheel = build(where / "dist")
             print(f"package_check: built and checked {sdist.name}, {wheel.name}", flush=True)
-            python = install(wheel, where / "venv")
+            install(wheel, where / "venv")
             print("package_check: the wheel installs with its migrations and templates")
-            tutorial_project(python, where / "project")
-            delivered = deliver(python, where / "project")
-            if delivered != 1000:
-                log = (where / "project" / "qcluster.log").read_text()[-4000:]
-                raise CheckFailed(f"{delivered} of 1,000 activities delivered; qcluster:\n{log}")
+            done, first, tutorial = follow(wheel, where / "tutorial")
+            if done != 1000:
+                log = (where / "tutorial" / "qcluster.log").read_text()[-4000:]
+                raise CheckFailed(f"{done} of 1,000 activities delivered; qcluster:\n{log}")
         except CheckFailed as exc:
             print(f"package_check: FAILED: {exc}", file=sys.stderr)
             return 1
-    print("package_check: the tutorial's project delivered 1,000 activities from the wheel")
+    print(
+        "package_check: docs/tutorial.md followed as written delivered 1,000 activities "
+        f"from the wheel: {tutorial.commands} commands and {tutorial.edits} file edits, "
+        f"{first:.1f} s from the new virtualenv to the first delivered activity"
+    )
     return 0
 
 

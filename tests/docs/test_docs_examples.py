@@ -1,12 +1,14 @@
 """The documentation's code runs: the tutorial, followed as written, delivers its batch.
 
-The pages include their code from ``tests/docs_examples/`` and from the example project
-(pymdownx.snippets, ``--8<--`` lines); these tests run that code against the test
-database. Every other ```python block of README.md and docs/ is checked here too: it
-compiles; a settings block (only assignments to UPPERCASE names) passes the app's
-system checks, or the check its setting has; the README's example and the lines a page
-writes around an include are lines of the tested files. A block none of this covers
-fails ``test_every_python_example_is_included_or_checked``, named by page and line.
+The pages show their code themselves (readable on GitHub as on the site): a block under a
+``<!-- tested: FILE:SECTION -->`` marker is a copy of that section of a file in
+``tests/docs_examples/`` or the example project, which these tests run against the test
+database, and must stay identical to it (``python tests/docs/sync.py`` copies it afresh;
+see that module). Every other ```python block of README.md and docs/ is checked here too:
+it compiles; a settings block (only assignments to UPPERCASE names) passes the app's
+system checks, or the check its setting has; the README's example and a block marked
+``(lines)`` are made of lines of the tested files. A block none of this covers fails
+``test_every_python_example_is_copied_or_checked``, named by page and line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import logging
 import re
 import subprocess
 import sys
-import textwrap
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from django_outbox.checks import check_settings
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StagedJob
 from django_outbox.streams.inline import run_inline
 from django_outbox.transport import handoff
+from tests.docs import sync
 from tests.docs_examples import (
     alerts,
     idempotency,
@@ -250,16 +252,14 @@ def test_the_tasks_guide_keys_one_receipt_and_one_charge_per_order():
 # -- Every ```python block of README.md and docs/ is included from a tested file or checked
 
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+-]*)")
+ROOT = sync.ROOT
+PAGES = sync.PAGES
+FENCE = sync.FENCE
 PYTHON = {"python", "py", "python3"}
-INCLUDE = re.compile(r'^--8<--[ \t]+"(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"[ \t]*$')
-MARKER = re.compile(r"^[ \t]*#?[ \t]*--8<--[ \t]+\[(?P<edge>start|end):(?P<section>[\w-]+)\]")
-# Where the suite's code lives: a page includes Python only from there.
+# Where the suite's code lives: a page copies Python only from there.
 TESTED_DIRS = ("tests/", "example_project/")
-# The README cannot include files: its example is made of lines of these, which the
-# tutorial's tests and the example project's tests run.
+# The README's example is made of lines of these, which the tutorial's tests and the
+# example project's tests run.
 README_SOURCES = [
     "example_project/marketing/models.py",
     "example_project/marketing/services.py",
@@ -271,58 +271,30 @@ README_SOURCES = [
 
 @dataclass(frozen=True)
 class Block:
-    """One ```python block of a page: where it starts and its lines (fence indent removed)."""
+    """One ```python block of a page: where it starts, its lines (fence indent removed)
+    and the ``tested:`` marker above it, if any."""
 
     page: Path
     line: int  # the opening fence's, from 1
     lines: tuple[str, ...]
+    marker: re.Match[str] | None = None
 
     def __str__(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
     @property
-    def includes(self) -> list[tuple[str, str | None]]:
-        found = (INCLUDE.match(line.strip()) for line in self.lines)
-        return [(m["path"], m["section"]) for m in found if m]
+    def refs(self) -> list[tuple[str, str | None]]:
+        """The tested files (and sections) the marker names."""
+        return sync.refs_of(self.marker["refs"]) if self.marker else []
 
     @property
-    def is_include(self) -> bool:
-        """Only snippet lines, with comments (the file's name) and blank lines around them."""
-        return bool(self.includes) and all(
-            not line.strip() or line.lstrip().startswith("#") or INCLUDE.match(line.strip())
-            for line in self.lines
-        )
-
-    def expanded(self) -> list[tuple[str, int | None]]:
-        """The block as the site shows it: each line, and its line on the page if the page
-        wrote it (None for an included line)."""
-        out: list[tuple[str, int | None]] = []
-        for n, line in enumerate(self.lines, start=self.line + 1):
-            m = INCLUDE.match(line.strip())
-            if m is None:
-                out.append((line, n))
-                continue
-            indent = line[: len(line) - len(line.lstrip())]
-            text = section_text(m["path"], m["section"])
-            out.extend((indent + included if included else "", None) for included in text)
-        return out
+    def is_copy(self) -> bool:
+        """A copy of its sections, kept identical (a marker without ``(lines)``)."""
+        return self.marker is not None and not self.marker["lines"]
 
     @property
     def source(self) -> str:
-        return "\n".join(line for line, _ in self.expanded()) + "\n"
-
-
-def section_text(path: str, section: str | None) -> list[str]:
-    """A snippet's lines as pymdownx.snippets includes them (dedented, markers left out)."""
-    lines = (ROOT / path).read_text().splitlines()
-    if section is not None:
-        edges = [(i, m) for i, line in enumerate(lines) if (m := MARKER.match(line))]
-        starts = [i for i, m in edges if m["edge"] == "start" and m["section"] == section]
-        ends = [i for i, m in edges if m["edge"] == "end" and m["section"] == section]
-        assert starts and ends, f"{path} has no section {section!r}"
-        lines = lines[starts[0] + 1 : ends[0]]
-    kept = [line for line in lines if not MARKER.match(line)]
-    return textwrap.dedent("\n".join(kept)).splitlines()
+        return "\n".join(self.lines) + "\n"
 
 
 def python_blocks() -> list[Block]:
@@ -343,7 +315,8 @@ def python_blocks() -> list[Block]:
                 body = tuple(
                     line[indent:] if line[:indent].isspace() else line for line in lines[i + 1 : j]
                 )
-                blocks.append(Block(page, i + 1, body))
+                marker = sync.TESTED.match(lines[i - 1]) if i else None
+                blocks.append(Block(page, i + 1, body, marker))
             i = j + 1
     return blocks
 
@@ -381,11 +354,11 @@ def code_lines(source: str) -> list[str | None]:
 
 
 def how_checked(block: Block) -> str | None:
-    if block.is_include:
-        return "include"
+    if block.is_copy:
+        return "copy"
     if assigned_names(block.source) is not None:
         return "settings"
-    if block.page.name == "README.md" or block.includes:
+    if block.page.name == "README.md" or block.marker is not None:
         return "lines"
     return None
 
@@ -397,19 +370,40 @@ def blocks_checked_by(kind: str) -> list[pytest.param]:
     return [pytest.param(b, id=str(b)) for b in BLOCKS if how_checked(b) == kind]
 
 
-def test_every_python_example_is_included_or_checked():
+def test_every_python_example_is_copied_or_checked():
     assert any(b.page.name == "README.md" for b in BLOCKS), "the README's example was not found"
-    assert len([b for b in BLOCKS if how_checked(b) == "include"]) > 10
+    assert len([b for b in BLOCKS if how_checked(b) == "copy"]) > 10
     untested = [
-        f"{b}: {path}" for b in BLOCKS for path, _ in b.includes if not path.startswith(TESTED_DIRS)
+        f"{b}: {path}" for b in BLOCKS for path, _ in b.refs if not path.startswith(TESTED_DIRS)
     ]
-    assert untested == [], f"included from outside {TESTED_DIRS}: {untested}"
+    assert untested == [], f"copied from outside {TESTED_DIRS}: {untested}"
     unchecked = [str(b) for b in BLOCKS if how_checked(b) is None]
     assert unchecked == [], (
-        "These ```python blocks are neither included from a tested file (--8<-- lines) nor "
-        "a settings block (assignments to UPPERCASE names): move the code into "
-        "tests/docs_examples/ (with a test) and include it, or fence what is not Python "
-        f"otherwise: {', '.join(unchecked)}"
+        "These ```python blocks are neither copies of a tested file (a `<!-- tested: "
+        "FILE:SECTION -->` line above them) nor a settings block (assignments to "
+        "UPPERCASE names): move the code into tests/docs_examples/ (with a test) and copy "
+        f"it, or fence what is not Python otherwise: {', '.join(unchecked)}"
+    )
+
+
+def test_no_page_includes_its_code_from_elsewhere():
+    """A page shows its code itself: no ``--8<--`` include a reader on GitHub would see
+    instead of the code (the changelog page, which includes CHANGELOG.md whole, aside)."""
+    includes = [
+        f"{page.relative_to(ROOT)}:{n}"
+        for page in PAGES
+        if page.name != "changelog.md"
+        for n, line in enumerate(page.read_text().splitlines(), start=1)
+        if line.strip().startswith("--8<--")
+    ]
+    assert includes == []
+
+
+@pytest.mark.parametrize("block", blocks_checked_by("copy"))
+def test_python_example_is_a_copy_of_its_tested_file(block):
+    expected = sync.copied_text(block.refs)
+    assert list(block.lines) == expected, (
+        f"{block} differs from {block.marker['refs']}: run python tests/docs/sync.py"
     )
 
 
@@ -420,14 +414,12 @@ def test_python_example_compiles(block):
 
 @pytest.mark.parametrize("block", blocks_checked_by("lines"))
 def test_python_example_lines_come_from_tested_files(block):
-    """The README's example, and what a page writes around an include, are tested lines."""
-    sources = README_SOURCES if block.page.name == "README.md" else [p for p, _ in block.includes]
+    """The README's example, and a block that writes around tested lines, are tested lines."""
+    sources = README_SOURCES if block.page.name == "README.md" else [p for p, _ in block.refs]
     sources = list(dict.fromkeys(sources))
     tested = {code for path in sources for code in code_lines((ROOT / path).read_text()) if code}
     written = [
-        (page_line, code)
-        for (_, page_line), code in zip(block.expanded(), code_lines(block.source), strict=True)
-        if page_line is not None and code
+        (n, code) for n, code in enumerate(code_lines(block.source), start=block.line + 1) if code
     ]
     assert written
     page = block.page.relative_to(ROOT)

@@ -13,14 +13,19 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    # --8<-- [start:apps]
+]
+
+# --8<-- [start:apps]
+# append to mysite/settings.py
+INSTALLED_APPS += [
     "django_q",
     "django_outbox",
     "marketing",  # your app, with the buffer model and the handler
-    # --8<-- [end:apps]
 ]
+# --8<-- [end:apps]
 
 # --8<-- [start:database]
+# append to mysite/settings.py
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
@@ -35,6 +40,7 @@ DATABASES = {
 # --8<-- [end:database]
 
 # --8<-- [start:cluster]
+# append to mysite/settings.py
 Q_CLUSTER = {
     "name": "default",
     "orm": "default",  # django-q2's ORM broker: jobs commit with your data
@@ -45,6 +51,7 @@ Q_CLUSTER = {
 # --8<-- [end:cluster]
 
 # --8<-- [start:outbox]
+# append to mysite/settings.py
 DJANGO_OUTBOX = {
     "STREAMS": {
         "marketing": {
