@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tokenize
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from tests.docs_examples import (
     idempotency,
     jobs,
     publishing,
+    readme,
     staging,
     tutorial_outbox,
     tutorial_settings,
@@ -224,6 +226,38 @@ def test_the_publish_guide_writes_one_audit_row_per_payload():
     )
 
 
+def fail() -> None:
+    raise RuntimeError("the request failed after publishing")
+
+
+@pytest.mark.django_db
+def test_the_readme_example_delivers_what_commits_and_retries_what_is_rejected(
+    django_capture_on_commit_callbacks, monkeypatch
+):
+    stream = {**readme.DJANGO_OUTBOX["STREAMS"]["contacts"]}
+    stream["HANDLER"] = "tests.docs_examples.readme.sync_contacts"  # myapp is the reader's
+    monkeypatch.setattr(readme, "RECEIVED", [])
+    contacts = [
+        types.SimpleNamespace(pk=n, email=email, save=lambda: None)
+        for n, email in ((1, "ada@example.com"), (2, ""))
+    ]
+    with override_settings(DJANGO_OUTBOX={"STREAMS": {"contacts": stream}}):
+        with django_capture_on_commit_callbacks(execute=True):
+            for contact in contacts:
+                readme.save_contact(contact)
+            with pytest.raises(RuntimeError), transaction.atomic():
+                readme.save_contact(types.SimpleNamespace(pk=3, email="x@example.com", save=fail))
+        run_inline(["contacts"], until_empty=False)
+
+    [records] = readme.RECEIVED  # one call for the group: the rolled-back contact is absent
+    assert [(r["id"], r["email"]) for r in records] == [(1, "ada@example.com"), (2, "")]
+    done = ArchivedEvent.objects.filter(stream="contacts", outcome="done")
+    assert [row.data["payload"]["id"] for row in done] == [1]
+    assert list(
+        OutboxEvent.objects.filter(stream="contacts").values_list("payload", flat=True)
+    ) == [{"id": 2, "email": ""}]  # rejected: kept for its retry
+
+
 def test_the_metrics_guide_urlconf_serves_the_metrics():
     match = resolve("/outbox/metrics", urlconf="tests.docs_examples.urls")
     assert match.func.__module__.startswith("django_outbox.")
@@ -258,15 +292,6 @@ FENCE = sync.FENCE
 PYTHON = {"python", "py", "python3"}
 # Where the suite's code lives: a page copies Python only from there.
 TESTED_DIRS = ("tests/", "example_project/")
-# The README's example is made of lines of these, which the tutorial's tests and the
-# example project's tests run.
-README_SOURCES = [
-    "example_project/marketing/models.py",
-    "example_project/marketing/services.py",
-    "example_project/marketing/outbox.py",
-    "tests/docs_examples/tutorial_outbox.py",
-    "tests/docs_examples/tutorial_settings.py",
-]
 
 
 @dataclass(frozen=True)
@@ -358,7 +383,7 @@ def how_checked(block: Block) -> str | None:
         return "copy"
     if assigned_names(block.source) is not None:
         return "settings"
-    if block.page.name == "README.md" or block.marker is not None:
+    if block.marker is not None:
         return "lines"
     return None
 
@@ -414,9 +439,9 @@ def test_python_example_compiles(block):
 
 @pytest.mark.parametrize("block", blocks_checked_by("lines"))
 def test_python_example_lines_come_from_tested_files(block):
-    """The README's example, and a block that writes around tested lines, are tested lines."""
-    sources = README_SOURCES if block.page.name == "README.md" else [p for p, _ in block.refs]
-    sources = list(dict.fromkeys(sources))
+    """A block that writes around tested lines (its marker ends in ``(lines)``) is made of
+    lines of the files it names."""
+    sources = list(dict.fromkeys(p for p, _ in block.refs))
     tested = {code for path in sources for code in code_lines((ROOT / path).read_text()) if code}
     written = [
         (n, code) for n, code in enumerate(code_lines(block.source), start=block.line + 1) if code
