@@ -25,9 +25,16 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_outbox.base.option_table import (
+    BLOCK,
+    BLOCKS_BY_NAME,
     BOOL,
+    CALLABLE_PATH,
     CLUSTER,
+    DATABASE_ALIAS,
+    MODEL_LABEL,
     MODULE_LIST,
+    OPTIONAL_CALLABLE_PATH,
+    OPTIONAL_FIELD_NAME,
     OPTIONAL_POSITIVE_INT,
     OPTIONAL_POSITIVE_NUMBER,
     POSITIVE_INT,
@@ -65,8 +72,8 @@ def outage_seconds(lease_seconds: float) -> float:
 
 
 STREAM_OPTIONS = OptionTable(
-    Option("HANDLER", None),  # a dotted path: checks E010 to E012
-    Option("MODEL", GENERIC_MODEL),  # a buffer model: checks E020 to E022
+    Option("HANDLER", None, CALLABLE_PATH),  # required: checks E010 to E012
+    Option("MODEL", GENERIC_MODEL, MODEL_LABEL),  # a buffer model: checks E020 to E022
     Option(
         "BATCH_SIZE",
         1000,
@@ -87,11 +94,11 @@ STREAM_OPTIONS = OptionTable(
     Option("ARCHIVE", True, BOOL, "E031"),
     Option("TRANSACTIONAL", False, BOOL, "E031"),
     Option("CLUSTER", None, CLUSTER, "E032"),  # defined in Q_CLUSTER: W002, E041
-    Option("DATABASE", None),  # an alias of settings.DATABASES: check E025; tables: W006
-    Option("ON_EXHAUSTED", None),  # a dotted path: checks E013, E014
+    Option("DATABASE", None, DATABASE_ALIAS),  # check E025; its tables: W006
+    Option("ON_EXHAUSTED", None, OPTIONAL_CALLABLE_PATH),  # checks E013, E014
     Option("ISOLATE_FAILURES", True, BOOL, "E031"),  # split groups that fail as a whole
     Option("AUTO_HEARTBEAT", True, BOOL, "E031"),  # keep a long handler's lease alive
-    Option("ORDER_KEY", None),  # a column of the buffer model: check E023
+    Option("ORDER_KEY", None, OPTIONAL_FIELD_NAME),  # of the buffer model: check E023
     Option(
         "ORDER_AFTER_DEAD_LETTER",
         "hold",
@@ -180,7 +187,7 @@ IDEMPOTENCY_OPTIONS = OptionTable(
 )
 
 GLOBAL_OPTIONS = OptionTable(
-    Option("STREAMS", {}),  # a dict of stream options: E003
+    Option("STREAMS", {}, BLOCKS_BY_NAME),  # stream options by name: E003 to E006
     Option(
         "ARCHIVE_RETENTION_DAYS",
         30,
@@ -195,8 +202,8 @@ GLOBAL_OPTIONS = OptionTable(
         "E038",
         hint="Give the number of days dead letters are kept for replay, for example 90.",
     ),
-    Option("STAGING", {}),  # STAGING_OPTIONS: E050 to E057
-    Option("IDEMPOTENCY", {}),  # IDEMPOTENCY_OPTIONS: E050 to E053
+    Option("STAGING", {}, BLOCK),  # STAGING_OPTIONS: E050 to E057
+    Option("IDEMPOTENCY", {}, BLOCK),  # IDEMPOTENCY_OPTIONS: E050 to E053
     Option(
         "PRUNE_EVERY_MINUTES",
         1440,

@@ -2,9 +2,10 @@
 
 The effective configuration (:mod:`django_outbox.conf`, :mod:`django_outbox.unique.options`)
 and the system checks (:mod:`django_outbox.checks`, :mod:`django_outbox.unique.checks`)
-both come from these tables. An option whose value needs more than its type to check (a
-dotted path, a model, field names) has the kind :data:`CUSTOM`: its check is written out
-where it is checked, and only its default comes from here.
+both come from these tables. An option whose value needs more than a test to check (a
+dotted path, a model, field names) has a kind made by :func:`checked_apart`: its check is
+written out where it is checked, and its default and type come from here. Every option
+declares its kind: the settings reference shows it as the option's type.
 """
 
 from __future__ import annotations
@@ -22,17 +23,19 @@ def is_positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Kind:
     """A type of option: its test, and the message and hint of a value that fails it.
 
     ``{value}``, ``{default}`` and ``{name}`` are filled in; the message is prefixed
-    with where the option is set.
+    with where the option is set. *choices* are the values of a :func:`choice`. Two
+    kinds are the same kind only if they are the same object.
     """
 
     test: Callable[[Any], bool]
     message: str
     hint: str
+    choices: tuple[str, ...] = ()
 
 
 POSITIVE_INT = Kind(
@@ -79,14 +82,42 @@ TOKEN = Kind(
     "Generate one with: python -c 'import secrets; print(secrets.token_urlsafe())' and read "
     "it from the environment, not from the source.",
 )
-#: Checked by code of its own where the table is used.
-CUSTOM = Kind(lambda value: True, "", "")
+
+
+def checked_apart() -> Kind:
+    """A kind whose values are checked by code of their own where the table is used."""
+    return Kind(lambda value: True, "", "")
+
+
+#: The dotted path of a callable (HANDLER: checks E010 to E012).
+CALLABLE_PATH = checked_apart()
+#: The dotted path of a callable, or None (ON_EXHAUSTED: checks E013, E014).
+OPTIONAL_CALLABLE_PATH = checked_apart()
+#: ``app_label.ModelName`` of a model (a stream's buffer model: checks E020 to E022).
+MODEL_LABEL = checked_apart()
+#: An alias of ``settings.DATABASES``, or None (check E025).
+DATABASE_ALIAS = checked_apart()
+#: The name of a field of the model, or None (ORDER_KEY, a kind's priority, result and
+#: workers fields: checks E023, E080 to E082).
+OPTIONAL_FIELD_NAME = checked_apart()
+#: Names of fields of the model (a kind's unique fields: checks E071 to E073).
+FIELD_NAMES = checked_apart()
+#: Names of fields of the model, or None (a kind's exclusive fields: checks E071 to E073).
+OPTIONAL_FIELD_NAMES = checked_apart()
+#: A dict of option blocks by name (``STREAMS``: checks E003 to E006).
+BLOCKS_BY_NAME = checked_apart()
+#: A dict of options (``STAGING``, ``IDEMPOTENCY``: checks E050, E051).
+BLOCK = checked_apart()
+#: An option declared without a kind: the settings reference refuses it.
+CUSTOM = checked_apart()
 
 
 def choice(*choices: str, hint: str) -> Kind:
     """One of *choices*."""
     listed = " or ".join(repr(c) for c in choices)
-    return Kind(lambda value: value in choices, f"must be {listed}, not {{value!r}}.", hint)
+    return Kind(
+        lambda value: value in choices, f"must be {listed}, not {{value!r}}.", hint, choices
+    )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 from django_outbox.base.option_table import (
     BOOL,
     CLUSTER,
+    FIELD_NAMES,
+    OPTIONAL_FIELD_NAME,
+    OPTIONAL_FIELD_NAMES,
     POSITIVE_INT,
     POSITIVE_NUMBER,
     Option,
@@ -28,8 +31,8 @@ if TYPE_CHECKING:
 ORDERINGS = ("created", "ready")
 
 OPTIONS = OptionTable(
-    Option("unique_fields", ()),  # field names of the model: E071 to E073
-    Option("unique_while_executing", None),  # the same, or None: E071 to E073
+    Option("unique_fields", (), FIELD_NAMES),  # E071 to E073
+    Option("unique_while_executing", None, OPTIONAL_FIELD_NAMES),  # E071 to E073
     Option(
         "ordering",
         "created",
@@ -46,9 +49,9 @@ OPTIONS = OptionTable(
     Option("concurrency", 10, POSITIVE_INT, "E075"),
     Option("chunk_size", 50, POSITIVE_INT, "E075"),
     Option("jobs_per_statement", 8, POSITIVE_INT, "E075"),
-    Option("priority_field", None),  # an integer field of the model, or None: E080
-    Option("result_field", None),  # a nullable JSONField of the model, or None: E081
-    Option("workers_field", None),  # a TextField of the model, or None: E082
+    Option("priority_field", None, OPTIONAL_FIELD_NAME),  # an integer field: E080
+    Option("result_field", None, OPTIONAL_FIELD_NAME),  # a nullable JSONField: E081
+    Option("workers_field", None, OPTIONAL_FIELD_NAME),  # a TextField: E082
     Option("nullable_keys", False, BOOL, "E083"),  # NULL key fields allowed (E073)
     Option("lease_seconds", 300, POSITIVE_INT, "E075"),
     Option("cluster", None, CLUSTER, "E077"),  # defined in Q_CLUSTER: E077

@@ -5,16 +5,21 @@ A page holds a marker such as ``<!-- reference:stream-options -->``; the hook re
 it with a table built from where the thing is defined:
 
 - settings: the option tables (``django_outbox.conf``, ``django_outbox.unique.options``,
-  ``django_outbox.tasks_backend.options``): names, defaults and check ids come from
-  there; the one-line meaning of each option from :data:`OPTION_DOCS` below;
+  ``django_outbox.tasks_backend.options``): names, types (from each option's kind),
+  defaults and check ids come from there; the one-line meaning of each option from
+  :data:`OPTION_DOCS` below;
+- the settings examples: the sections of :data:`EXAMPLES`, a tested file that must set
+  every option, and the hooks it names, each with how the code calls it
+  (:data:`CALLABLE_DOCS`);
 - system checks: every id the check modules and option tables use, with the hints
   written in the code; the one-line problem of each id from :data:`CHECK_DOCS`;
 - management commands: each command's own argparse arguments and help;
 - signals: the ``Signal`` objects of ``django_outbox.signals`` and its docstring;
 - metrics: the metric families ``django_outbox.metrics`` declares.
 
-An option or a check id the code has and this file does not describe (or the reverse)
-stops the build with its name: the reference cannot drift from the code.
+An option, a kind, a hook or a check id the code has and this file does not describe (or
+the reverse), or an option the examples do not set, stops the build with its name: the
+reference cannot drift from the code.
 ``tests/docs/test_docs_reference.py`` renders every marker the same way.
 """
 
@@ -53,26 +58,13 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("global", "PRUNE_EVERY_MINUTES"): "interval of the `django_outbox:prune` schedule",
     ("global", "METRICS_TOKEN"): "bearer token accepted by the metrics view (besides users "
     "with `view_streamstate`); at least 16 characters",
-    ("global", "DISPATCH_ON_COMMIT"): "who dispatches the unique jobs (and `django.tasks` "
-    'tasks) a transaction enqueued, right after its commit: `"inline"`, the committing '
-    "thread (a dispatch transaction of its own, 1 to 2 ms of the request; on PostgreSQL "
-    "with the ORM broker a one-job enqueue instead queues the kind's wake in its own "
-    'INSERT, and nothing runs after the commit); `"thread"`, a '
-    "worker: the commit wakes a dispatcher thread of the process, which gathers kicks for "
-    "10 ms and sends each kind one django-q2 task (`run_unique_jobs` with no jobs; none "
-    "while the kind is at its concurrency) that dispatches in the worker taking it and runs "
-    "the chunk it keeps there. The request writes nothing more than its rows; the task "
-    "passes through the broker as a dispatched chunk would. The thread keeps its "
-    "connections while kicks come and closes them when idle. When the process ends, the "
-    "exiting thread hands over the kinds still wanted, after the round the thread may be "
-    "in: at interpreter exit and at the end of a `multiprocessing` child (a django-q2 worker "
-    "that recycles, stops with its cluster or returns after a task's timeout), where "
-    "`atexit` does not run. A process killed first (SIGKILL, or the SIGTERM django-q2 sends "
-    "a timed-out worker arriving during the hand-off) leaves them to the kind's schedule, "
-    "like any lost kick. A forked child starts with a dispatcher of its own: nothing "
-    "inherited from the parent, no lock the parent's threads held",
+    ("global", "DISPATCH_ON_COMMIT"): "who dispatches the unique jobs and `django.tasks` tasks "
+    'a transaction enqueued, right after its commit: `"inline"`, the committing thread (1 to '
+    '2 ms of the request); `"thread"`, a worker, handed the dispatch by a dispatcher thread '
+    "of the process ([how each works](how-to/unique-jobs.md#who-dispatches-after-the-commit))",
     # a stream
-    ("stream", "HANDLER"): "**required.** Dotted path of `handler(batch) -> None | BatchResult`",
+    ("stream", "HANDLER"): "**required.** The stream's handler, called with each group's rows "
+    "([signature](reference/settings.md#handler))",
     ("stream", "MODEL"): "the buffer model (`app_label.Model`, a `BufferEvent` subclass). A "
     "custom model belongs to one stream; the generic one is shared",
     ("stream", "BATCH_SIZE"): "rows per group (one handler call)",
@@ -97,8 +89,8 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     ("stream", "DATABASE"): "alias of `settings.DATABASES` the stream lives on: its buffer "
     "rows, groups, state and archive; `None`: the database the router picks for writes of "
     "its buffer model ([streams on many databases](how-to/many-databases.md))",
-    ("stream", "ON_EXHAUSTED"): "dotted path of `hook(batch, error)`, run before a group's "
-    "rows become dead letters",
+    ("stream", "ON_EXHAUSTED"): "a hook run before a group's rows become dead letters "
+    "([signature](reference/settings.md#on_exhausted))",
     ("stream", "ISOLATE_FAILURES"): "split a group that fails as a whole in halves until the "
     "bad row is alone ([failure isolation](how-to/failures-and-dead-letters.md))",
     ("stream", "ORDER_KEY"): "a field of the stream's buffer model (on the generic buffer: "
@@ -156,12 +148,8 @@ OPTION_DOCS: dict[tuple[str, str], str] = {
     "`min(chunk_size, ceil(concurrency / workers))`",
     ("kind", "jobs_per_statement"): "jobs of a chunk started by one statement (a group), "
     "whose successes the next one records: fewer statements for short jobs. A crash costs "
-    "none of a group's jobs an attempt (which one was running is not known): each runs "
-    "again alone, where a crash counts. 1 records each job before the next starts. The "
-    "group's leases run "
-    "from its statement: a job that waited in its group for a third of `lease_seconds` has "
-    "them checked and extended first; a heartbeat extends the leases of the jobs started "
-    "with its own",
+    "none of a group's jobs an attempt; 1 records each job before the next starts "
+    "([groups, crashes and leases](how-to/unique-jobs.md#several-jobs-per-statement))",
     ("kind", "priority_field"): "a non-null integer field of the kind: among ready jobs, "
     "higher values start first (equal ones in the kind's `ordering`); related jobs still "
     "follow `ordering`",
@@ -244,17 +232,58 @@ def _checks_of(table: str, option: Any) -> str:
     return ", ".join(f"[{i}](reference/checks.md#{i.lower()})" for i in ids)
 
 
+def _kind_types() -> dict[Any, str]:
+    """The type shown for each kind of option (a :func:`choice` shows its values)."""
+    from django_outbox.base import option_table as t
+
+    return {
+        t.POSITIVE_INT: "`int ≥ 1`",
+        t.POSITIVE_NUMBER: "`float > 0`",
+        t.OPTIONAL_POSITIVE_INT: "`int ≥ 1` or `None`",
+        t.OPTIONAL_POSITIVE_NUMBER: "`float > 0` or `None`",
+        t.BOOL: "`bool`",
+        t.CLUSTER: "`str` (cluster name) or `None`",
+        t.MODULE_LIST: "`list[str]` (module paths)",
+        t.TOKEN: "`str` (16+ characters) or `None`",
+        t.CALLABLE_PATH: "`str` (dotted path)",
+        t.OPTIONAL_CALLABLE_PATH: "`str` (dotted path) or `None`",
+        t.MODEL_LABEL: "`str` (`app_label.Model`)",
+        t.DATABASE_ALIAS: "`str` (database alias) or `None`",
+        t.OPTIONAL_FIELD_NAME: "`str` (field name) or `None`",
+        t.FIELD_NAMES: "`list[str]` (field names)",
+        t.OPTIONAL_FIELD_NAMES: "`list[str]` (field names) or `None`",
+        t.BLOCKS_BY_NAME: "`dict[str, dict]`",
+        t.BLOCK: "`dict`",
+    }
+
+
+def type_of(table: str, option: Any) -> str:
+    """The type of *option* as the settings tables show it, from its declared kind."""
+    if option.kind.choices:
+        shown = " or ".join(f'`"{value}"`' for value in option.kind.choices)
+    else:
+        shown = _kind_types().get(option.kind, "")
+    if not shown:
+        raise ReferenceDrift(
+            f"{table} option {option.name}: its kind has no type in docs/hooks/reference.py "
+            "_kind_types() (or the option declares no kind: give it one of "
+            "django_outbox.base.option_table's)"
+        )
+    if option.maximum is not None:
+        shown += f", at most {option.maximum:,}"
+    return shown
+
+
 def render_options(table: str, *, defaults: dict[str, Any] | None = None) -> str:
     _check_option_docs()
-    rows = ["| option | default | meaning | check |", "|---|---|---|---|"]
+    rows = ["| option | type | default | meaning | check |", "|---|---|---|---|---|"]
     for option in _tables()[table]:
         name = option.name.upper() if defaults is not None else option.name
         default = (defaults or {}).get(option.name, option.default)
         meaning = OPTION_DOCS[(table, option.name)]
-        if option.maximum is not None:
-            meaning += f"; at most {option.maximum:,}"
         rows.append(
-            f"| `{name}` | {_value(default)} | {_cell(meaning)} | {_checks_of(table, option)} |"
+            f"| `{name}` | {_cell(type_of(table, option))} | {_value(default)} | "
+            f"{_cell(meaning)} | {_checks_of(table, option)} |"
         )
     return "\n".join(rows)
 
@@ -289,12 +318,251 @@ def render_task_options() -> str:
 
     _check_option_docs()
     own = _task_record_defaults()
-    rows = ["| `OPTIONS` key | default | meaning |", "|---|---|---|"]
+    rows = ["| `OPTIONS` key | type | default | meaning |", "|---|---|---|---|"]
     for name in tunable_task_options():
-        default = own.get(name, OPTIONS.by_name[name].default)
+        option = OPTIONS.by_name[name]
+        default = own.get(name, option.default)
         meaning = OPTION_DOCS[("kind", name)]
-        rows.append(f"| `{name.upper()}` | {_value(default)} | {_cell(meaning)} |")
+        rows.append(
+            f"| `{name.upper()}` | {_cell(type_of('kind', option))} | {_value(default)} | "
+            f"{_cell(meaning)} |"
+        )
     return "\n".join(rows)
+
+
+# -------------------------------------------------------------------------- examples
+
+#: The settings reference's examples (``tests/docs/test_docs_reference.py`` runs them):
+#: ``DJANGO_OUTBOX`` and ``Q_CLUSTER``, a kind's ``class Job:``, ``TASKS``.
+EXAMPLES = "tests/docs_examples/reference_settings.py"
+#: Where the examples' hooks live: a dotted path the example gives must name a function
+#: of a module there, shown by a snippet section of its own name.
+HOOK_MODULES = "tests.docs_examples."
+
+#: How the code calls each option that names a callable. Its example is the function
+#: the settings example names, shown as written.
+CALLABLE_DOCS: dict[tuple[str, str], str] = {
+    ("stream", "HANDLER"): "Called by a worker for each group, with one argument: the "
+    "group's `Batch` (`batch.events`, a queryset of its rows in id order; "
+    "`batch.rows(*fields)`, the rows as dicts in one query; `batch.stream`, "
+    "`batch.group_id`, `batch.attempt`). It runs outside any transaction, or inside the "
+    "one that finishes the group with `TRANSACTIONAL`, and under the group's lease "
+    "(`LEASE_SECONDS`; `AUTO_HEARTBEAT`). Return `None` when every row is done, or a "
+    "`BatchResult({row id: reason})` naming the rows that failed (they are retried "
+    "alone). Raise to fail the whole group: it is retried after a backoff; "
+    "`PermanentFailure` says retrying cannot help, `RetryAfter(seconds)` pauses the "
+    "stream without spending an attempt ([Failure isolation and dead "
+    "letters](how-to/failures-and-dead-letters.md), [Rate limits](how-to/rate-limits.md)).",
+    ("stream", "ON_EXHAUSTED"): "Called as `hook(batch, error)` when a group runs out of "
+    "attempts, or its handler raised `PermanentFailure` and the group is not split (one "
+    "row, or `ISOLATE_FAILURES` off), before its rows are archived as dead letters: "
+    "`batch` is the group's `Batch`, its rows still in the buffer; `error` is the group's "
+    "last error, a `str`. Its return value is ignored. It runs in a savepoint of the "
+    "dead-lettering transaction: when it cannot be imported or raises, its writes are "
+    "rolled back, the error is logged and the rows are dead-lettered all the same ([dead "
+    "letters](how-to/failures-and-dead-letters.md#when-a-group-runs-out-of-attempts-dead-letters)).",
+}
+
+
+def _example_section(name: str) -> ast.Module:
+    """The snippet section *name* of the examples file, parsed."""
+    text = (ROOT / EXAMPLES).read_text()
+    match = re.search(
+        rf"^# --8<-- \[start:{name}\]\n(.*?)^[ \t]*# --8<-- \[end:{name}\]",
+        text,
+        flags=re.M | re.S,
+    )
+    if match is None:
+        raise ReferenceDrift(f"{EXAMPLES} has no section {name!r}")
+    return ast.parse(match.group(1))
+
+
+def _keys(node: ast.AST | None, where: str) -> dict[str, ast.expr]:
+    """A dict literal's values by its (string) keys."""
+    if not isinstance(node, ast.Dict):
+        raise ReferenceDrift(f"{EXAMPLES}: {where} is not a dict literal")
+    return {ast.literal_eval(k): v for k, v in zip(node.keys, node.values, strict=True) if k}
+
+
+def _assigned(tree: ast.Module, name: str) -> ast.expr | None:
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and getattr(statement.targets[0], "id", "") == name:
+            return statement.value
+    return None
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value of a literal, or a marker that it is none (``os.environ[…]``)."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return _NOT_LITERAL
+
+
+def _drift(where: str, names: list[str], given: dict[str, Any]) -> list[str]:
+    """What *given* lacks of *names*, and what it has besides them."""
+    missing = [name for name in names if name not in given]
+    unknown = [name for name in given if name not in names]
+    return [
+        *([f"{where} lacks {missing}"] if missing else []),
+        *([f"{where} has unknown {unknown}"] if unknown else []),
+    ]
+
+
+def _names(table: Any) -> list[str]:
+    return [option.name for option in table]
+
+
+def example_settings() -> dict[str, dict[str, ast.expr]]:
+    """The example's ``DJANGO_OUTBOX`` blocks, each an option → value-node dict.
+
+    The keys are ``""`` (the top level), ``STREAMS['name']`` for each stream, ``STAGING``
+    and ``IDEMPOTENCY``. Stops with :class:`ReferenceDrift` when an option of the code is
+    missing or unknown, a stream leaves one at its default, or a hook it names is not
+    shown by a snippet section of ours.
+    """
+    from django_outbox import conf
+
+    tree = _example_section("settings")
+    top = _keys(_assigned(tree, "DJANGO_OUTBOX"), "DJANGO_OUTBOX")
+    streams = {
+        f"STREAMS[{name!r}]": _keys(node, name)
+        for name, node in _keys(top.get("STREAMS"), "STREAMS").items()
+    }
+    blocks = {
+        "": top,
+        **streams,
+        "STAGING": _keys(top.get("STAGING"), "STAGING"),
+        "IDEMPOTENCY": _keys(top.get("IDEMPOTENCY"), "IDEMPOTENCY"),
+    }
+    problems = _drift("DJANGO_OUTBOX", _names(conf.GLOBAL_OPTIONS), top)
+    problems += _drift("STAGING", _names(conf.STAGING_OPTIONS), blocks["STAGING"])
+    problems += _drift("IDEMPOTENCY", _names(conf.IDEMPOTENCY_OPTIONS), blocks["IDEMPOTENCY"])
+    if not streams:
+        problems.append("STREAMS has no stream")
+    for where, given in streams.items():
+        problems += _drift(where, _names(conf.STREAM_OPTIONS), given)
+        defaults = [
+            option.name
+            for option in conf.STREAM_OPTIONS
+            if option.name in given and _literal(given[option.name]) == option.default
+        ]
+        if defaults:
+            problems.append(f"{where} leaves {defaults} at the default")
+    if problems:
+        raise ReferenceDrift(f"{EXAMPLES}: {'; '.join(problems)}")
+    hooks = [name for table, name in _callable_options() if table == "stream"]
+    for given in streams.values():
+        for name in hooks:
+            _hook_file(_literal(given[name]))
+    return blocks
+
+
+def _hook_file(path: Any) -> tuple[str, str]:
+    """The file and snippet section that show the function at dotted *path*."""
+    if not (isinstance(path, str) and path.startswith(HOOK_MODULES)):
+        raise ReferenceDrift(f"{EXAMPLES}: the hook {path!r} is not in {HOOK_MODULES}")
+    module, function = path.rsplit(".", 1)
+    file = module.replace(".", "/") + ".py"
+    text = (ROOT / file).read_text()
+    if f"# --8<-- [start:{function}]" not in text or f"\ndef {function}(" not in text:
+        raise ReferenceDrift(f"{file} has no section {function!r} defining {path}")
+    return file, function
+
+
+def example_kind() -> list[str]:
+    """The options the example kind's ``class Job:`` sets (every one, or drift)."""
+    from django_outbox.unique.options import OPTIONS
+
+    jobs = [
+        node
+        for node in ast.walk(_example_section("kind"))
+        if isinstance(node, ast.ClassDef) and node.name == "Job"
+    ]
+    if len(jobs) != 1:
+        raise ReferenceDrift(f"{EXAMPLES}: section 'kind' declares {len(jobs)} class Job")
+    given = {
+        statement.targets[0].id: statement.value
+        for statement in jobs[0].body
+        if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name)
+    }
+    problems = _drift("class Job", _names(OPTIONS), given)
+    if problems:
+        raise ReferenceDrift(f"{EXAMPLES}: {'; '.join(problems)}")
+    return list(given)
+
+
+def example_task_options() -> list[str]:
+    """The ``OPTIONS`` keys the example's ``TASKS`` alias sets (every tunable one, or drift)."""
+    tasks = _keys(_assigned(_example_section("tasks"), "TASKS"), "TASKS")
+    tunable = [name.upper() for name in tunable_task_options()]
+    problems = [] if tasks else ["TASKS has no alias"]
+    given: dict[str, ast.expr] = {}
+    for alias, node in tasks.items():
+        where = f"TASKS[{alias!r}]['OPTIONS']"
+        given = _keys(_keys(node, alias).get("OPTIONS"), where)
+        problems += _drift(where, tunable, given)
+    if problems:
+        raise ReferenceDrift(f"{EXAMPLES}: {'; '.join(problems)}")
+    return list(given)
+
+
+def _fence(*sections: str, title: str) -> str:
+    includes = "\n".join(f'--8<-- "{EXAMPLES}:{section}"' for section in sections)
+    return f'```python title="{title}"\n{includes}\n```'
+
+
+def render_settings_example() -> str:
+    example_settings()
+    return _fence("settings-imports", "settings", title="settings.py")
+
+
+def render_kind_example() -> str:
+    example_kind()
+    return _fence("kind-imports", "kind", title="models.py")
+
+
+def render_tasks_example() -> str:
+    example_task_options()
+    return _fence("tasks", title="settings.py")
+
+
+def _callable_options() -> list[tuple[str, str]]:
+    from django_outbox.base.option_table import CALLABLE_PATH, OPTIONAL_CALLABLE_PATH
+
+    return [
+        (table, option.name)
+        for table, options in _tables().items()
+        for option in options
+        if option.kind in (CALLABLE_PATH, OPTIONAL_CALLABLE_PATH)
+    ]
+
+
+def render_hooks() -> str:
+    """Each option that names a callable: how the code calls it, and the example's."""
+    declared = _callable_options()
+    missing = sorted(set(declared) - set(CALLABLE_DOCS))
+    stale = sorted(set(CALLABLE_DOCS) - set(declared))
+    if missing or stale:
+        raise ReferenceDrift(
+            f"docs/hooks/reference.py CALLABLE_DOCS: undescribed hooks {missing}, "
+            f"hooks no longer in the code {stale}"
+        )
+    blocks = example_settings()
+    stream = next(key for key in blocks if key.startswith("STREAMS["))
+    out = []
+    for table, name in declared:
+        path = _literal(blocks[stream][name])
+        file, function = _hook_file(path)
+        out.append(
+            f"### `{name}`\n\n{CALLABLE_DOCS[(table, name)]} The example's "
+            f"`{name}` is `{path}`:\n\n"
+            f'```python\n--8<-- "{file}:{function}"\n```\n'
+        )
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -598,6 +866,10 @@ RENDERERS = {
     "idempotency-options": lambda: render_options("idempotency"),
     "kind-options": lambda: render_options("kind"),
     "task-options": render_task_options,
+    "settings-example": render_settings_example,
+    "kind-example": render_kind_example,
+    "tasks-example": render_tasks_example,
+    "hooks": render_hooks,
     "checks": render_checks,
     "commands": render_commands,
     "signals": render_signals,
@@ -605,7 +877,7 @@ RENDERERS = {
 }
 
 
-LINK = re.compile(r"\]\(([a-z-]+/[a-z-]+\.md(?:#[a-z0-9-]*)?)\)")
+LINK = re.compile(r"\]\(([a-z-]+/[a-z-]+\.md(?:#[a-z0-9_-]*)?)\)")
 
 
 def render(markdown: str, page: str = "reference/settings.md") -> str:
