@@ -309,7 +309,7 @@ class PartitionArchive(Operation):
         except LookupError:
             raise ValueError(
                 "PartitionArchive: the migration must depend on django_outbox's latest "
-                "migration, e.g. ('django_outbox', '0012_streamstate_claim_floor')."
+                "migration, e.g. ('django_outbox', '0001_initial')."
             ) from None
         if connection.vendor != "postgresql":
             return None

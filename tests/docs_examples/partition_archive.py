@@ -12,7 +12,7 @@ from django_outbox.operations import PartitionArchive
 
 # --8<-- [start:migration]
 class Migration(migrations.Migration):
-    dependencies = [("django_outbox", "0012_streamstate_claim_floor")]
+    dependencies = [("django_outbox", "0001_initial")]
 
     operations = [
         PartitionArchive(interval="1 day"),

@@ -181,50 +181,24 @@ BEGIN
 END
 $$;
 """
-#: The function of migration 0014 before it queued wakes (dropped by migration 0021).
-_DROP_JOB_BEFORE_WAKES = "DROP FUNCTION IF EXISTS django_outbox_job_wake_skip(text, text, integer);"
-
 _DROP = f"DROP FUNCTION IF EXISTS {FUNCTION}(text);"
 _DROP_JOB = (
     f"DROP FUNCTION IF EXISTS {JOB_FUNCTION}(text, text, integer, bigint, text, text, text);"
 )
 
 
-def create_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
-    """Install the guard's function (PostgreSQL only; elsewhere nothing to do)."""
+def create_functions(schema_editor: BaseDatabaseSchemaEditor) -> None:
+    """Install the guard's functions, of streams and of unique-job kinds (PostgreSQL
+    only; elsewhere nothing to do)."""
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_CREATE, params=None)
-
-
-def drop_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_DROP, params=None)
-
-
-def create_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
-    """Install the guard's function for unique-job kinds (PostgreSQL only)."""
-    if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_CREATE_JOB, params=None)
 
 
-def drop_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
+def drop_functions(schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(_DROP_JOB, params=None)
-
-
-def replace_job_function(schema_editor: BaseDatabaseSchemaEditor) -> None:
-    """Install the function that queues wakes and drop its predecessor, on a database
-    that ran migration 0014 before the function queued them."""
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_CREATE_JOB, params=None)
-        schema_editor.execute(_DROP_JOB_BEFORE_WAKES, params=None)
-
-
-def replace_functions(schema_editor: BaseDatabaseSchemaEditor) -> None:
-    """Install the current version of both guard functions (PostgreSQL only)."""
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(_CREATE, params=None)
-        schema_editor.execute(_CREATE_JOB, params=None)
+        schema_editor.execute(_DROP, params=None)
 
 
 def relied_on_recently(guarded_since: list[float | None], long_seconds: float) -> bool:
