@@ -16,7 +16,7 @@ from django_outbox.jobs.staging import (
     run_traced_job,
 )
 from django_outbox.models.unique import get_kind
-from django_outbox.streams.distribute import distribute_all, distribute_stream
+from django_outbox.streams.distribute import distribute_all, distribute_stream, retry_group
 from django_outbox.streams.run import run_stream
 from django_outbox.unique.dispatch import dispatch, dispatch_all, run_jobs
 
@@ -25,6 +25,7 @@ __all__ = [
     "distribute",
     "drain_staged",
     "prune",
+    "retry",
     "run",
     "run_staged",
     "run_traced",
@@ -41,6 +42,11 @@ def distribute(stream: str | None = None) -> list[dict[str, Any]]:
 def run(stream: str, group_id: str | None = None) -> list[str]:
     """Run *stream*'s loop from *group_id*; return the outcome of each group processed."""
     return [outcome.value for outcome in run_stream(stream, group_id)]
+
+
+def retry(stream: str, group_id: str) -> list[str]:
+    """Run a group's retry when it fell due, then *stream*'s loop on from it."""
+    return [outcome.value for outcome in retry_group(stream, group_id)]
 
 
 def drain_staged() -> dict[str, Any]:

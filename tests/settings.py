@@ -251,6 +251,25 @@ PACED_STREAM = {
 }
 if os.environ.get("OUTBOX_TEST_PACED"):
     DJANGO_OUTBOX["STREAMS"]["paced"] = PACED_STREAM
+# The retry-timing tests (tests/processes/test_retry_timing.py): a stream whose handler
+# fails its first three attempts (backoffs of about 1, 2 and 4 s), and one whose handler
+# asks for a pause of 3 s once; their children switch them on.
+BACKOFF_STREAM = {
+    "HANDLER": "tests.testapp.handlers.fail_three_times",
+    "BATCH_SIZE": 10,
+    "MAX_ATTEMPTS": 5,
+    "BACKOFF_SECONDS": 1,
+    "LEASE_SECONDS": 120,
+    "ISOLATE_FAILURES": False,  # one group's retries are followed
+}
+PAUSED_STREAM = {
+    "HANDLER": "tests.testapp.handlers.pause_once",
+    "BATCH_SIZE": 10,
+    "LEASE_SECONDS": 120,
+}
+if os.environ.get("OUTBOX_TEST_RETRY_TIMING"):
+    DJANGO_OUTBOX["STREAMS"]["backoff"] = BACKOFF_STREAM
+    DJANGO_OUTBOX["STREAMS"]["paused"] = PAUSED_STREAM
 # A row budget (ROWS_PER_SECOND) shared by two processes (tests/streams/test_budget.py).
 ROWED_STREAM = {
     "HANDLER": "tests.testapp.handlers.record_call_time",

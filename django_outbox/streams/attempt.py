@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from django_outbox.base import tracing
 from django_outbox.base.errors import ERROR_LIMIT, clip, describe
@@ -49,7 +50,7 @@ from django_outbox.signals import (
 )
 from django_outbox.streams import budget, isolate, ordering
 from django_outbox.streams.batch import Batch, BatchResult
-from django_outbox.streams.groups import group_leases, group_policy
+from django_outbox.streams.groups import arm_retries, group_leases, group_policy
 from django_outbox.streams.sql import buffer_ops
 from django_outbox.streams.sql.base import Move
 
@@ -533,6 +534,7 @@ def _record_failure(
     if size is not None:
         changes["size"] = size
     group_leases(config).update(batch.group_id, batch.attempt, **changes)
+    arm_retries(config, [batch.group_id], timezone.now() + timedelta(seconds=delay))
     send_on_commit(
         group_failed,
         config.name,

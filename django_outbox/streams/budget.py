@@ -47,6 +47,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Exists, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest, Now
+from django.utils import timezone
 
 from django_outbox.base.dialect import database_now
 from django_outbox.base.errors import clip
@@ -55,7 +56,7 @@ from django_outbox.conf import StreamConfig
 from django_outbox.exceptions import RetryAfter
 from django_outbox.models.groups import GroupState, OutboxGroup
 from django_outbox.models.state import StreamState
-from django_outbox.streams.groups import group_leases
+from django_outbox.streams.groups import arm_retries, group_leases
 from django_outbox.streams.sql import budget as budget_sql
 from django_outbox.streams.sql.base import unpaused as unpaused_sql
 
@@ -122,14 +123,15 @@ def hold_back(config: StreamConfig, group_id: uuid.UUID) -> bool:
     ).filter(Exists(_pauses(config.name)))
     if queued.filter(size=0).delete()[0]:
         return True
-    return bool(
-        queued.update(
-            state=GroupState.RETRYING,
-            next_attempt_at=Greatest(Coalesce(Subquery(until), Now()), Now()),
-            lease_expires_at=None,
-            updated_at=Now(),
-        )
+    held = queued.update(
+        state=GroupState.RETRYING,
+        next_attempt_at=Greatest(Coalesce(Subquery(until), Now()), Now()),
+        lease_expires_at=None,
+        updated_at=Now(),
     )
+    if held:
+        arm_retries(config, [group_id], pause_end(config) or timezone.now())
+    return bool(held)
 
 
 def claim_limit(config: StreamConfig, batch_size: int) -> int:
@@ -189,7 +191,7 @@ def defer_group(
 
     Inside the caller's transaction; raises
     :class:`~django_outbox.exceptions.LeaseLost` when the attempt is no longer this
-    worker's. Distribute re-enqueues the group once it is due.
+    worker's. A retry is handed over for *until* (:func:`arm_retries`).
     """
     changes: dict[str, Any] = {
         "state": GroupState.RETRYING,
@@ -203,6 +205,7 @@ def defer_group(
     leases = group_leases(config)
     if not leases.fenced(group_id, attempt).update(**changes):
         raise leases.lost(group_id, attempt)
+    arm_retries(config, [group_id], until)
 
 
 def pause(config: StreamConfig, group_id: uuid.UUID, attempt: int, exc: RetryAfter) -> None:
@@ -225,9 +228,11 @@ def pause(config: StreamConfig, group_id: uuid.UUID, attempt: int, exc: RetryAft
         )
         defer_group(config, group_id, attempt, until, f"RetryAfter: {exc}")
         groups = OutboxGroup.objects.filter(stream=stream)
-        groups.filter(state=GroupState.CLAIMED).update(
+        queued = list(groups.filter(state=GroupState.CLAIMED).values_list("id", flat=True))
+        groups.filter(id__in=queued, state=GroupState.CLAIMED).update(
             state=GroupState.RETRYING, next_attempt_at=until, lease_expires_at=None
         )
+        arm_retries(config, queued, until)
         groups.filter(state=GroupState.RETRYING, next_attempt_at__lt=until).update(
             next_attempt_at=until
         )

@@ -4,21 +4,36 @@ It rescues groups whose lease expired (a worker died) or whose retry is due, and
 restarts runs for a backlog that no run is taking (a wake that was lost with its
 process). Work otherwise starts on commit. Resuming a stream distributes it too
 (:func:`django_outbox.streams.steer.set_paused`).
+
+A group waiting for its retry is not left to the schedule: :func:`retry_group` runs
+when its backoff (or the stream's pause) ends, handed over at that time
+(:func:`django_outbox.streams.groups.arm_retries`).
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
+from datetime import timedelta
+
+from django.utils import timezone
 
 from django_outbox.conf import get_stream, on_stream_database, outbox_settings
+from django_outbox.models.groups import GroupState, OutboxGroup
 from django_outbox.streams import claim_floor
+from django_outbox.streams.attempt import AttemptOutcome
 from django_outbox.streams.budget import admits
+from django_outbox.streams.groups import arm_retries
 from django_outbox.streams.rescue import requeue_due_groups
-from django_outbox.streams.run import effective_batch_size, runtime_state, start_runs
+from django_outbox.streams.run import effective_batch_size, run_stream, runtime_state, start_runs
 from django_outbox.streams.sql import stream_buffer
 
-__all__ = ["DistributeResult", "distribute_all", "distribute_stream"]
+__all__ = ["DistributeResult", "distribute_all", "distribute_stream", "retry_group"]
+
+#: A retry delivered before its group is due (the clocks of two machines differ) is
+#: handed over again, at least this much later.
+EARLY_RETRY_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -76,3 +91,25 @@ def start_backlog_runs(stream: str, backlog: int, batch_size: int) -> int:
 def distribute_all() -> list[DistributeResult]:
     """Distribute every configured stream."""
     return [distribute_stream(name) for name in outbox_settings().streams]
+
+
+@on_stream_database
+def retry_group(stream: str, group_id: uuid.UUID | str) -> list[AttemptOutcome]:
+    """A group's retry, delivered when it fell due: take the group again and run the
+    stream's loop from it (the outcome of each group this job processed).
+
+    A group that is no longer waiting (an operator retried or dead-lettered it, a
+    distribute took it first) is left alone; one that is not due yet (the worker's clock
+    is ahead of the database's) is handed over again for its time.
+    """
+    config = get_stream(stream)
+    group_id = uuid.UUID(str(group_id))
+    requeued, _ = requeue_due_groups(config, ids=[group_id], hand_off=False)
+    if requeued:
+        return run_stream(stream, group_id)
+    waiting = OutboxGroup.objects.filter(id=group_id, state=GroupState.RETRYING)
+    due = waiting.values_list("next_attempt_at", flat=True).first()
+    if due is not None:
+        soonest = timezone.now() + timedelta(seconds=EARLY_RETRY_SECONDS)
+        arm_retries(config, [group_id], max(due, soonest))
+    return []

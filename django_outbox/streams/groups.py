@@ -1,9 +1,12 @@
 """A stream's groups under the lease engine: their lease table, how long a queued group
-waits for its job, and what follows a failed attempt."""
+waits for its job, what follows a failed attempt, and the hand-off of a retry for when
+it falls due."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 from django_outbox.conf import StreamConfig
 from django_outbox.lease.engine import LeaseTable, RetryPolicy
@@ -40,3 +43,20 @@ def queued_lease(config: StreamConfig) -> timedelta:
 def group_policy(config: StreamConfig) -> RetryPolicy:
     """After a failed attempt of one of the stream's groups: retry or dead-letter."""
     return RetryPolicy(config.max_attempts, config.backoff_seconds, config.backoff_max_seconds)
+
+
+def arm_retries(config: StreamConfig, group_ids: Iterable[uuid.UUID], at: datetime) -> None:
+    """Hand over a retry of each group, delivered when it falls due at *at*: the group is
+    taken again when its backoff (or the stream's pause) ends, by the next free worker,
+    whether or not other rows flow.
+
+    In the caller's transaction with django-q2's ORM broker (the retry commits with the
+    group's new state); with another broker the schedule's distribute takes the group
+    when it is due (:mod:`django_outbox.transport.handoff`).
+    """
+    handoff.submit(
+        [
+            handoff.Job(handoff.RETRY, (config.name, str(group_id)), config.cluster, not_before=at)
+            for group_id in group_ids
+        ]
+    )

@@ -28,15 +28,20 @@ RESCUE_LIMIT = 500
 
 @on_stream_database
 def requeue_due_groups(
-    config: StreamConfig, *, ids: Collection[uuid.UUID] | None = None, lost_only: bool = False
+    config: StreamConfig,
+    *,
+    ids: Collection[uuid.UUID] | None = None,
+    lost_only: bool = False,
+    hand_off: bool = True,
 ) -> tuple[int, int]:
     """Re-enqueue groups whose retry is due or whose lease expired (of *ids*, if given).
 
     A group whose worker died while running it has used an attempt; when that was its
     last one, it is exhausted instead of run again, so a group that kills its worker
     cannot loop forever. With *lost_only*, only queued groups whose job did not start
-    within their lease (a lost hand-off) are re-enqueued. Returns (re-enqueued,
-    exhausted).
+    within their lease (a lost hand-off) are re-enqueued. Without *hand_off* the groups
+    are queued but no run job is sent: the caller runs them itself. Returns
+    (re-enqueued, exhausted).
     """
     lease = queued_lease(config)
     lost = Q(state=GroupState.CLAIMED, lease_expires_at__lt=Now())
@@ -85,7 +90,8 @@ def requeue_due_groups(
                 updated_at=Now(),
             )
             requeued = [str(group_id) for group_id in again]
-            handoff.enqueue(
-                handoff.RUN, [(config.name, gid) for gid in requeued], cluster=config.cluster
-            )
+            if hand_off:
+                handoff.enqueue(
+                    handoff.RUN, [(config.name, gid) for gid in requeued], cluster=config.cluster
+                )
     return len(requeued), exhausted

@@ -9,6 +9,12 @@ there is rescued from our tables), while staged jobs are sent *before* it commit
 
 :func:`capture` swaps django-q2 for an in-memory queue: ``outbox_run`` and tests use it
 to run the pipeline inline, with the same code paths.
+
+A job may be due later (``not_before``): a retry handed over when its backoff ends. The
+ORM broker delivers such a job at that time (its queue row is locked until then, the
+broker's own way of holding a row back); other brokers, django-q2's sync mode and
+:func:`capture` (unless asked) drop it, and the schedule's distribute takes the work
+when it is due, as before.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +44,7 @@ from django_outbox.models.groups import OutboxGroup
 
 DISTRIBUTE = "django_outbox.tasks.distribute"
 RUN = "django_outbox.tasks.run"
+RETRY = "django_outbox.tasks.retry"
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Job:
     ``save`` False keeps the pipeline's own jobs out of django-q2's result table; None
     leaves the decision to django-q2 (``save_limit``), as ``async_task`` does.
     ``options`` carries further django-q2 task options (timeout, group, hook, task_name…).
+    ``not_before``: not delivered before then (see the module's doc).
     """
 
     func: str
@@ -54,6 +63,7 @@ class Job:
     kwargs: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     save: bool | None = False
+    not_before: datetime | None = None
 
     def run(self) -> Any:
 
@@ -64,14 +74,16 @@ _local = threading.local()
 
 
 @contextlib.contextmanager
-def capture() -> Iterator[deque[Job]]:
-    """Collect enqueued jobs in a deque instead of sending them to django-q2."""
-    previous = getattr(_local, "queue", None)
+def capture(*, delayed: bool = False) -> Iterator[deque[Job]]:
+    """Collect enqueued jobs in a deque instead of sending them to django-q2; jobs due
+    later (``not_before``) too when *delayed*, else they are dropped."""
+    previous = getattr(_local, "queue", None), getattr(_local, "delayed", False)
     _local.queue = queue = deque[Job]()
+    _local.delayed = delayed
     try:
         yield queue
     finally:
-        _local.queue = previous
+        _local.queue, _local.delayed = previous
 
 
 def enqueue(func: str, args_list: Sequence[tuple[Any, ...]], *, cluster: str | None = None) -> int:
@@ -92,6 +104,16 @@ def submit(jobs: Sequence[Job], *, alias: str | None = None, send_now: bool = Fa
     jobs = list(jobs)
     alias = alias or _our_alias()
     captured = getattr(_local, "queue", None)
+    later = [job for job in jobs if job.not_before is not None]
+    if later:
+        jobs = [job for job in jobs if job.not_before is None]
+        if captured is not None:
+            if getattr(_local, "delayed", False):
+                captured.extend(later)
+        else:
+            _hold_back(later, alias)
+    if not jobs:
+        return 0
     if captured is not None:
         captured.extend(jobs)
     elif in_transaction_hand_off(alias):
@@ -211,10 +233,27 @@ def _bulk_insert_orm(jobs: list[Job], alias: str) -> None:
     now = timezone.now()
     OrmQ.objects.using(alias).bulk_create(
         [
-            OrmQ(key=job.cluster or Conf.CLUSTER_NAME, payload=_package(job), lock=now)
+            OrmQ(
+                key=job.cluster or Conf.CLUSTER_NAME,
+                payload=_package(job),
+                lock=max(job.not_before or now, now),  # the broker takes rows locked until now
+            )
             for job in jobs
         ]
     )
+
+
+def _hold_back(jobs: list[Job], alias: str) -> None:
+    """Hand over *jobs* due later: with the ORM broker, queue rows locked until they are
+    due (in the caller's transaction on the broker's database, else after its commit);
+    with another broker or in sync mode they are dropped (see the module's doc)."""
+    broker_alias = _orm_broker_alias()
+    if broker_alias is None or _sync_mode():
+        return
+    if broker_alias == alias:
+        _bulk_insert_orm(jobs, alias)
+    else:
+        transaction.on_commit(lambda: _bulk_insert_orm(jobs, broker_alias), using=alias)
 
 
 def _send(jobs: list[Job]) -> None:

@@ -12,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 
 from django_outbox import publish_many
 from django_outbox.models import ArchivedEvent, GroupState, OutboxEvent, OutboxGroup, StreamState
-from django_outbox.streams.distribute import distribute_stream
+from django_outbox.streams.attempt import AttemptOutcome
+from django_outbox.streams.distribute import distribute_stream, retry_group
 from django_outbox.streams.run import claim_group
 from django_outbox.streams.steer import set_paused
 from django_outbox.transport import handoff
@@ -158,3 +159,63 @@ def test_distribute_costs_the_same_number_of_queries_whatever_the_backlog_beyond
 
     # 40 rows fill RUNS (4) batches of 10: from there on, the backlog changes nothing.
     assert queries_for(40) == queries_for(4000)
+
+
+# A retry handed over for when it falls due ----------------------------------------------
+
+
+@override_settings(**SMALL)
+def test_a_failed_attempt_hands_over_its_retry_for_when_it_is_due(handler_mode):
+    handler_mode("raise")
+    publish_many("audit", [{"n": i} for i in range(5)])
+    with handoff.capture(delayed=True) as jobs:
+        claim = claim_group("audit")
+        [job] = [j for j in jobs if j.func == handoff.RUN]
+        jobs.clear()
+        job.run()  # attempt 1 fails
+    group = OutboxGroup.objects.get(pk=claim.group_id)
+    assert group.state == GroupState.RETRYING
+    [retry] = jobs
+    assert (retry.func, retry.args) == (handoff.RETRY, ("audit", str(claim.group_id)))
+    assert abs((retry.not_before - group.next_attempt_at).total_seconds()) < 1
+
+
+@override_settings(**SMALL)
+def test_a_retry_that_is_due_runs_its_group_at_once():
+    publish_many("audit", [{"n": i} for i in range(5)])
+    with handoff.capture():
+        claim = claim_group("audit")
+    OutboxGroup.objects.filter(pk=claim.group_id).update(
+        state=GroupState.RETRYING, attempt=1, next_attempt_at=Now() - timedelta(seconds=1)
+    )
+    with handoff.capture() as jobs:
+        assert retry_group("audit", str(claim.group_id)) == [AttemptOutcome.DONE]
+    assert not [j for j in jobs if j.func == handoff.RUN]  # run here, not handed over
+    assert ArchivedEvent.objects.filter(stream="audit", attempts=2).count() == 5
+
+
+@override_settings(**SMALL)
+def test_a_retry_delivered_early_is_handed_over_again_for_its_time():
+    publish_many("audit", [{"n": i} for i in range(5)])
+    with handoff.capture():
+        claim = claim_group("audit")
+    OutboxGroup.objects.filter(pk=claim.group_id).update(
+        state=GroupState.RETRYING, attempt=1, next_attempt_at=Now() + timedelta(seconds=30)
+    )
+    with handoff.capture(delayed=True) as jobs:
+        assert retry_group("audit", str(claim.group_id)) == []
+    [again] = jobs
+    group = OutboxGroup.objects.get(pk=claim.group_id)
+    assert group.state == GroupState.RETRYING and again.not_before == group.next_attempt_at
+
+
+@override_settings(**SMALL)
+def test_a_retry_of_a_group_no_longer_waiting_does_nothing():
+    publish_many("audit", [{"n": i} for i in range(5)])
+    with handoff.capture() as jobs:
+        claim = claim_group("audit")
+        [job] = jobs
+        job.run()  # delivered
+    with handoff.capture(delayed=True) as jobs:
+        assert retry_group("audit", str(claim.group_id)) == []
+    assert list(jobs) == []

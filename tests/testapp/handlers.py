@@ -212,3 +212,18 @@ def record_call_time(batch: Batch) -> None:
             "cluster": os.environ.get("OUTBOX_TEST_CLUSTER_LABEL", ""),
         },
     )
+
+
+def fail_three_times(batch: Batch) -> None:
+    """Record the call's start (the database's clock); fail attempts 1 to 3."""
+    record_call_time(batch)
+    if batch.attempt <= 3:
+        raise RuntimeError(f"the service is down (attempt {batch.attempt})")
+
+
+def pause_once(batch: Batch) -> None:
+    """Record the call's start; the stream's first call asks for a pause of 3 s."""
+    first = not JobEffect.objects.filter(label=f"call:{batch.stream}").exists()
+    record_call_time(batch)
+    if first:
+        raise RetryAfter(3, "429 Too Many Requests")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from unittest import mock
+
 import pytest
 from django.db import transaction
+from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
@@ -51,4 +55,47 @@ def test_capture_keeps_jobs_in_memory_and_sends_nothing():
         handoff.enqueue(handoff.RUN, [("audit",), ("audit",)])
 
     assert [job.args for job in jobs] == [("audit",), ("audit",)]
+    assert not OrmQ.objects.exists()
+
+
+def later_job(seconds: float) -> handoff.Job:
+    return handoff.Job(
+        handoff.RETRY, ("audit", "g"), not_before=timezone.now() + timedelta(seconds=seconds)
+    )
+
+
+def test_a_job_due_later_is_queued_for_then_in_the_orm_broker():
+    """django-q2's ORM broker takes a queue row only once its lock has passed: a row
+    locked until the job is due is delivered then, and commits with the transaction."""
+    job = later_job(30)
+    with transaction.atomic():
+        assert handoff.submit([job]) == 0  # not handed over now
+        row = OrmQ.objects.get()
+    assert row.lock == job.not_before
+    assert SignedPackage.loads(row.payload)["func"] == handoff.RETRY
+
+
+def test_a_job_due_later_in_a_rolled_back_transaction_is_not_queued():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        handoff.submit([later_job(30)])
+        raise RuntimeError("the attempt's transaction failed")
+    assert not OrmQ.objects.exists()
+
+
+def test_a_job_due_later_is_dropped_by_a_capture_unless_asked_for():
+    with handoff.capture() as jobs:
+        handoff.submit([later_job(30), handoff.Job(handoff.RUN, ("audit",))])
+    assert [job.func for job in jobs] == [handoff.RUN]
+    with handoff.capture(delayed=True) as jobs:
+        handoff.submit([later_job(30)])
+    assert [job.func for job in jobs] == [handoff.RETRY]
+
+
+def test_a_job_due_later_is_dropped_by_a_broker_that_cannot_hold_it_back():
+    """Redis and the other brokers deliver what they get at once: the job is not sent
+    (the schedule's distribute takes the work when it is due)."""
+    with mock.patch.object(handoff, "_orm_broker_alias", return_value=None):
+        with mock.patch.object(handoff, "_send") as send:
+            handoff.submit([later_job(30)])
+    send.assert_not_called()
     assert not OrmQ.objects.exists()
