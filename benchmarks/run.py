@@ -669,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         return pipeline(args, args.json.with_name("bench-pipeline.json"))
 
     print(f"django_outbox benchmark on {platform.node()}, {os.cpu_count()} cores", flush=True)
+    load_before = os.getloadavg()[0]
     naive = run_naive(args.naive_events)
     print(f"  A done: {naive.rate:,.0f} events/s", flush=True)
     outbox, floor_result, paired, publish_rates, health = paired_runs(args.events, args.repeat)
@@ -691,8 +692,14 @@ def main(argv: list[str] | None = None) -> int:
             "host": platform.node(),
             "cores": os.cpu_count(),
             "python": sys.version.split()[0],
+            # One-minute load averages: other work on the machine slows every figure.
+            "load_average": {
+                "before": round(load_before, 2),
+                "after": round(os.getloadavg()[0], 2),
+            },
         },
         "postgresql": server,
+        "arguments": sys.argv[1:],
         "throughput": {
             r.name: {
                 "runs_events_per_s": r.all_rates or [round(r.rate)],
