@@ -49,8 +49,8 @@ def preload(first: int, last: int) -> list[str]:
     code = "; ".join(
         [
             "import django; django.setup()",
-            "from django_outbox import publish_many"
-            * (
+            "from django_outbox import publish_many",
+            *(
                 f"publish_many({stream!r}, [{{'n': k}} for k in range({first}, {last})])"
                 for stream in STREAMS
             ),

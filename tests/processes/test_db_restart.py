@@ -44,8 +44,8 @@ def test_two_database_restarts_mid_run_lose_nothing_and_stall_only_seconds(tmp_p
         preload = "; ".join(
             [
                 "import django; django.setup()",
-                "from django_outbox import publish_many"
-                * (
+                "from django_outbox import publish_many",
+                *(
                     f"publish_many({stream!r}, [{{'n': k}} for k in range({a}, {b})])"
                     for stream, (a, b) in PRELOAD.items()
                 ),
