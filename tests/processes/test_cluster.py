@@ -219,7 +219,7 @@ def test_a_failed_group_is_retried_by_the_cluster_when_its_backoff_ends(tmp_path
                 and OutboxGroup.objects.exists()
                 and OutboxGroup.objects.filter(state=GroupState.RETRYING).count()
                 == OutboxGroup.objects.count()
-                and not OrmQ.objects.filter(lock__lte=timezone.now()).exists()  # only retries
+                and set(queued_funcs()) == {handoff.RETRY}  # no run queued or running
             ),
             timeout=DEADLINE,
             describe=lambda: pipeline_state("marketing", ContactActivityEvent),
@@ -234,7 +234,8 @@ def test_a_failed_group_is_retried_by_the_cluster_when_its_backoff_ends(tmp_path
         first_requests = ApiRequest.objects.count()
 
         # Each group's retry waits in django-q2's queue, held back until it is due.
-        assert OrmQ.objects.count() == len(retrying)
+        assert queued_funcs() == {handoff.RETRY: len(retrying)}
+        assert not OrmQ.objects.filter(lock__lte=timezone.now()).exists()
         Lead.objects.filter(pk=bad.pk).update(email="bob@example.com")
         wait_until(
             lambda: drained("marketing", ContactActivityEvent),
