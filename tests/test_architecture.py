@@ -482,3 +482,15 @@ def test_the_model_signal_receivers_listen_to_buffer_models_only():
     for signal in (signals.pre_save, signals.post_save, signals.pre_delete, signals.post_delete):
         assert ours(signal, ContentType) == []
     assert ours(signals.post_save, OutboxEvent) == [_wake_on_save]
+
+
+def test_every_public_name_of_the_package_is_importable_from_it():
+    """``from django_outbox import stage_task``: each name of ``__all__`` resolves, to the
+    object of the module that defines it."""
+    import importlib
+
+    import django_outbox
+
+    for name in django_outbox.__all__:
+        module = importlib.import_module(django_outbox._LAZY[name])
+        assert getattr(django_outbox, name) is getattr(module, name), name
