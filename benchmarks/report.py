@@ -144,15 +144,16 @@ def machine(report: dict[str, Any]) -> str:
 
 
 def shared(report: dict[str, Any]) -> list[str]:
-    """A warning when the run's load average passed the machine's cores: other work
-    shared the machine, and every rate of the run is lower for it."""
+    """A warning when the load average before the run passed the machine's cores: other
+    work shared the machine, and every rate of the run is lower for it. (The load after
+    the run is the benchmark's own: its last runs use every core.)"""
     host = report["machine"]
     load = host.get("load_average")
-    if not load or max(load["before"], load["after"]) <= host["cores"]:
+    if not load or load["before"] <= host["cores"]:
         return []
     return [
         "",
-        f"Other work shared the machine during this run (a load average above its "
+        f"Other work shared the machine when this run began (a load average above its "
         f"{host['cores']} cores): its rates are likely lower than on a quiet machine. "
         "Compare them with each other, not with a quiet run's.",
     ]
