@@ -8,6 +8,9 @@ the same worker, processes it, and goes on while rows are waiting:
   ``save()`` and ``bulk_create()`` of a buffer model, replayed dead letters. A wake
   with no run in flight claims a group and enqueues a run for it, in one transaction
   (with the ORM broker the job commits with the claim: exactly-once hand-off).
+  ``publish()`` on PostgreSQL needs no wake after its commit: its INSERT finds the run
+  in flight that takes the row, or queues the stream's wake for a worker, committed
+  with the row (:func:`run_woken`; :mod:`django_outbox.streams.sql.wake_guard`).
 * **Continue.** After each group the run claims again while its last claim was full
   (more rows are probably waiting) or a commit *wanted* it (a wake that found a run in
   flight raises the stream's ``wanted`` flag instead of starting another run). A full
@@ -77,6 +80,7 @@ from django_outbox.streams.sql.wake_guard import (
 from django_outbox.transport import handoff
 
 __all__ = [
+    "run_woken",
     "wait_for_publishers",
     "wake",
 ]
@@ -360,8 +364,14 @@ def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
 class _Run:
     """One run's loop; keeps the stream's state row for up to ``RECHECK_SECONDS``."""
 
-    def __init__(self, config: StreamConfig, budget: float) -> None:
+    def __init__(
+        self,
+        config: StreamConfig,
+        budget: float,
+        first: tuple[ClaimResult, StreamState] | None = None,
+    ) -> None:
         self.config = config
+        self.first = first  # a claim made before the loop, and the state it read
         self.stream = config.name
         self.deadline = time.monotonic() + budget
         self.state: StreamState | None = None
@@ -371,6 +381,10 @@ class _Run:
     def next_group(self, *, full: bool) -> ClaimResult | None:
         """Claim this run's next group, or return None when the run ends here."""
         now = time.monotonic()
+        if self.first is not None:
+            (claim, first_state), self.first = self.first, None
+            self.state, self.state_read_at = first_state, now
+            return self._took(claim, first_state, now)
         state: StreamState | None
         if full and self.state is not None and now - self.state_read_at < RECHECK_SECONDS:
             state = self.state
@@ -394,7 +408,11 @@ class _Run:
                 # itself; a group queued for the lost job is handed over again later.
                 logger.warning("Could not hand the run of %s over; it goes on", self.stream)
                 self.deadline = now + RUN_SECONDS
-        claim = claim_group(self.stream, run_here=True, state=state)
+        return self._took(claim_group(self.stream, run_here=True, state=state), state, now)
+
+    def _took(self, claim: ClaimResult, state: StreamState, now: float) -> ClaimResult | None:
+        """After this run's claim: the floor's step, then more runs after a full claim,
+        or the run's end after an empty one."""
         self._advance_floor(claim, state)
         if not claim.claimed_any:
             return self._last_claim()
@@ -533,16 +551,21 @@ def wait_for_publishers(done: Callable[[], bool], name: str) -> bool:
 
 @on_stream_database
 def run_stream(
-    stream: str, group_id: uuid.UUID | str | None = None, *, budget: float = RUN_SECONDS
+    stream: str,
+    group_id: uuid.UUID | str | None = None,
+    *,
+    budget: float = RUN_SECONDS,
+    first: tuple[ClaimResult, StreamState] | None = None,
 ) -> list[AttemptOutcome]:
-    """Run the stream's loop: process *group_id* (if given), then claim and process on.
+    """Run the stream's loop: process *group_id* (if given), then claim and process on;
+    *first*: the loop's first claim, made already (:func:`run_woken`).
 
     Returns the outcome of each group this job processed. A duplicate delivery of a job
     whose group is running elsewhere or done does nothing. A group handed back to the
     queue (a handler's pause, the stream's rate budget) ends the run.
     """
     config = get_stream(stream)
-    loop = _Run(config, budget)
+    loop = _Run(config, budget, first)
     outcomes: list[AttemptOutcome] = []
     if group_id is not None:
         outcome = process_group(stream, group_id, fill=loop.fill)
@@ -560,6 +583,36 @@ def run_stream(
         # claim again, until a claim finds nothing (django_outbox.streams.ordering).
         full = claim.full or config.ordered
     return outcomes
+
+
+@on_stream_database
+def run_woken(stream: str) -> list[AttemptOutcome]:
+    """Run *stream* in this worker: the wake a ``publish()`` queued in its own INSERT
+    because no run was in flight (:mod:`django_outbox.streams.sql.wake_guard`).
+
+    As :func:`wake_now` decides, under the stream's state-row lock: a paused stream (or
+    one ahead of its rate budget) starts nothing; a run in flight meanwhile gets the
+    stream's ``wanted`` flag and takes the rows; else this worker claims and runs the
+    loop itself. Its run ends as every run does, waiting for the publishers that relied
+    on it (or on this wake, while it waited untaken) and claiming once more; so an empty
+    first claim, the rows' transaction not yet visible here, still ends that way.
+    """
+    config = get_stream(stream)
+    alias = connection_for(StreamState).alias
+
+    def decide() -> tuple[ClaimResult, StreamState] | None:
+        with transaction.atomic(using=alias):
+            state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
+            if state.paused or not admits(config, state, calls_next=True):
+                return None
+            if runs_in_flight(stream):
+                if not state.wanted:
+                    StreamState.objects.filter(stream=stream).update(wanted=True)
+                return None
+            return claim_group(stream, run_here=True, state=state), state
+
+    first = retry_transient(decide, alias, what=f"wake of stream {stream}")
+    return [] if first is None else run_stream(stream, first=first)
 
 
 def _drop_unstarted_reservations(stream: str) -> int:

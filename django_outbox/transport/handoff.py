@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from uuid import uuid4
 
 from django.conf import settings
 from django.db import transaction
@@ -45,6 +46,7 @@ from django_outbox.models.groups import OutboxGroup
 DISTRIBUTE = "django_outbox.tasks.distribute"
 RUN = "django_outbox.tasks.run"
 RETRY = "django_outbox.tasks.retry"
+WAKE = "django_outbox.tasks.wake"
 
 
 @dataclass(frozen=True)
@@ -205,11 +207,15 @@ def _sync_mode() -> bool:
 def _package(job: Job) -> str:
     """Build and sign a task package the way ``django_q.tasks.async_task`` does."""
 
-    name, task_id = uuid()
+    name = job.options.get("task_name")
+    if name:
+        task_id = uuid4().hex  # (the humanized name django-q2 would derive is not needed)
+    else:
+        name, task_id = uuid()
     task: dict[str, Any] = {
         **job.options,
         "id": task_id,
-        "name": job.options.get("task_name") or name,
+        "name": name,
         "func": job.func,
         "args": job.args,
         "kwargs": job.kwargs,
