@@ -20,6 +20,7 @@ when it is due, as before.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
@@ -276,13 +277,29 @@ def _send(jobs: list[Job]) -> None:
     for job in jobs:
         by_cluster[job.cluster or Conf.CLUSTER_NAME].append(_package(job))
     for cluster, packages in by_cluster.items():
-        broker = get_broker(cluster)
+        broker = _broker(cluster)
         push_many = _bulk_push(broker)
         if push_many is not None:
             push_many(packages)
         else:
             for package in packages:
                 broker.enqueue(package)
+
+
+_brokers: dict[tuple[int, str | None], Any] = {}
+_brokers_lock = threading.Lock()
+
+
+def _broker(cluster: str | None) -> Any:
+    """The cluster's broker, one per process: ``get_broker()`` builds a new client (with
+    Redis, a new connection: about 3.6 ms, against 0.2 ms for a push on an open one).
+    Keyed by the process id, so a forked worker opens its own."""
+    key = (os.getpid(), cluster)
+    with _brokers_lock:
+        broker = _brokers.get(key)
+        if broker is None:
+            broker = _brokers[key] = get_broker(cluster)
+    return broker
 
 
 def _bulk_push(broker: Any) -> Any:
