@@ -416,15 +416,15 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
         ("with_raw_insert_woken_idle", with_raw_insert_woken, idle),
         ("with_trigger", with_trigger, idle),
     ]
+    # Interleaved one transaction at a time, so that a change of the machine's load
+    # weighs on every variant alike.
     timings: dict[str, list[float]] = {name: [] for name, _, _ in variants}
-    rounds = 10
-    for r in range(rounds):
+    for i in range(transactions):
         for name, fn, prepare in variants:
-            for i in range(transactions // rounds):
-                prepare()
-                started = time.perf_counter()
-                fn(r * transactions + i)
-                timings[name].append(time.perf_counter() - started)
+            prepare()
+            started = time.perf_counter()
+            fn(i)
+            timings[name].append(time.perf_counter() - started)
     idle()
     ms = {name: statistics.median(values) * 1000 for name, values in timings.items()}
     raw = ms["with_raw_insert"]

@@ -144,8 +144,8 @@ BEGIN
         RETURN {WAKE_AFTER_COMMIT};
     END IF;
     IF v_relied THEN
-        PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS});
-        PERFORM set_config(v_name, v_epoch::text, true);
+        PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS}),
+                set_config(v_name, v_epoch::text, true);
         IF (SELECT s.wake_epoch FROM django_outbox_streamstate s
             WHERE s.stream = p_stream) = v_epoch THEN
             RETURN {SKIP};
@@ -211,8 +211,8 @@ BEGIN
             -- while the epoch has not moved; no second lock either way.
             v_relied := v_held::bigint = v_epoch;
         ELSIF v_relied THEN
-            PERFORM pg_advisory_xact_lock_shared({_JOB_FUNCTION_KEYS});
-            PERFORM set_config(v_name, v_epoch::text, true);
+            PERFORM pg_advisory_xact_lock_shared({_JOB_FUNCTION_KEYS}),
+                    set_config(v_name, v_epoch::text, true);
             v_relied := coalesce((SELECT k.wake_epoch FROM django_outbox_kindstate k
                                   WHERE k.kind = p_kind), 0) = v_epoch;
         END IF;
