@@ -925,22 +925,18 @@ def worker_program(actor: Actor) -> None:
         job = harness.jobs.popleft() if harness.jobs else take_queued()
         if job is None:
             continue  # another worker took the row first
-        if job.func == handoff.RUN:
-            stream, group_id = job.args
-            hand_over = actor.rng.random() < 0.1
-            harness.note(f"{actor.actor_name} runs job run({stream}, {group_id})")
-            try:
+        harness.note(f"{actor.actor_name} runs job {job.func.rpartition('.')[2]}{job.args}")
+        try:
+            if job.func == handoff.RUN:
+                stream, group_id = job.args
+                hand_over = actor.rng.random() < 0.1
                 run.run_stream(stream, group_id, budget=0.0 if hand_over else 1e6)
-            except WorkerCrash:
-                harness.note(f"{actor.actor_name} crashed")
-        elif job.func == handoff.WAKE:
-            harness.note(f"{actor.actor_name} runs job wake({job.args[0]})")
-            try:
+            elif job.func == handoff.WAKE:
                 run.run_woken(*job.args)
-            except WorkerCrash:
-                harness.note(f"{actor.actor_name} crashed")
-        else:
-            job.run()
+            else:
+                job.run()
+        except WorkerCrash:
+            harness.note(f"{actor.actor_name} crashed")
 
 
 def take_queued() -> handoff.Job | None:
