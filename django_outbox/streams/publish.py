@@ -28,9 +28,8 @@ from django_outbox.base.tracing import current_traceparent
 from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.models.buffer import MAX_ORDER_KEY_LENGTH, OutboxEvent
-from django_outbox.streams.run import wake
+from django_outbox.streams.run import covered_since, wake, wake_job
 from django_outbox.streams.sql import buffer_ops
-from django_outbox.streams.sql.wake_guard import QUEUED, SKIP
 from django_outbox.transport import handoff
 
 __all__ = [
@@ -121,7 +120,7 @@ def publish(stream: str, payload: Any) -> int:
     key = _order_key(config, payload)
     ops = buffer_ops(OutboxEvent, alias=config.alias)
     alias = ops.connection.alias
-    job = _wake_job(config) if ops.wake_guarded else None
+    job = wake_job(config) if ops.wake_guarded else None
     row = handoff.queue_row(job, alias) if job is not None else None
     started = time.monotonic()
     event_id, answer = ops.insert_event_guarded(
@@ -129,27 +128,8 @@ def publish(stream: str, payload: Any) -> int:
     )
     if answer > 0 and job is not None:
         handoff.queued(job)  # the statement queued the wake: the next one signs another
-    wake(stream, using=alias, guarded_since=_covered_since(answer, started))
+    wake(stream, using=alias, guarded_since=covered_since(answer, started))
     return event_id
-
-
-def _wake_job(config: StreamConfig) -> handoff.Job:
-    """The stream's wake, for the INSERT to queue when no run is in flight."""
-    return handoff.Job(
-        handoff.WAKE,
-        (config.name,),
-        config.cluster,
-        options={"task_name": f"django_outbox wake {config.name}"},
-    )
-
-
-def _covered_since(answer: int, started: float) -> float | None:
-    """What the wake guard's *answer* means for the commit's wake (:func:`wake`): covered
-    for good by the wake the INSERT queued, covered by a run (or queued wake) in flight
-    since *started*, or not covered."""
-    if answer > 0:
-        return QUEUED
-    return started if answer == SKIP else None
 
 
 @on_stream_database

@@ -41,10 +41,10 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models.functions import Now
 
-from django_outbox.base.oncommit import on_commit_once
+from django_outbox.base.oncommit import on_commit_once, registered
 from django_outbox.base.routing import connection_for
 from django_outbox.base.transient import outlast_outage, retry_transient
 from django_outbox.conf import (
@@ -67,6 +67,7 @@ from django_outbox.streams.rescue import requeue_due_groups
 from django_outbox.streams.sql import stream_buffer
 from django_outbox.streams.sql.base import Claimed
 from django_outbox.streams.sql.run import (
+    ask_wake_guard,
     publishers_done,
     raise_wake_epoch,
     runs_in_flight,
@@ -75,6 +76,9 @@ from django_outbox.streams.sql.run import (
 from django_outbox.streams.sql.wake_guard import (
     LONG_TRANSACTION_SECONDS,
     PUBLISHERS_WAIT_SECONDS,
+    QUEUED,
+    SKIP,
+    guarded,
     relied_on_recently,
 )
 from django_outbox.transport import handoff
@@ -350,6 +354,25 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
     )
 
 
+def wake_job(config: StreamConfig) -> handoff.Job:
+    """The stream's wake, for a statement to queue when no run is in flight."""
+    return handoff.Job(
+        handoff.WAKE,
+        (config.name,),
+        config.cluster,
+        options={"task_name": f"django_outbox wake {config.name}"},
+    )
+
+
+def covered_since(answer: int, started: float) -> float | None:
+    """What the wake guard's *answer* means for the commit's wake (the *guarded_since* of
+    :func:`wake`): covered for good by the wake the statement queued, covered by a run
+    (or a queued wake) in flight since *started*, or not covered."""
+    if answer > 0:
+        return QUEUED
+    return started if answer == SKIP else None
+
+
 @on_stream_database
 def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
     """The commit's wake: none when a run in flight waits for every row it wrote."""
@@ -451,14 +474,13 @@ class _Run:
     def _last_claim(self) -> ClaimResult | None:
         """The run is ending: wait for the publishers that relied on it, claim once more.
 
-        ``publish()`` on PostgreSQL skips its wake while a run is in flight
-        (:mod:`django_outbox.streams.sql.wake_guard`). Raising the epoch makes later publishers
-        wake the stream themselves; the ones that skipped under the old epoch are
-        waited for (at most ``PUBLISHERS_WAIT_SECONDS``), and one more claim takes
-        what they committed. Returns that claim when it took rows (the run goes on).
+        ``publish()`` and the ORM's writes of buffer rows on PostgreSQL skip their wake
+        while a run is in flight (:mod:`django_outbox.streams.sql.wake_guard`).
+        Raising the epoch makes later publishers wake the stream themselves; the ones
+        that skipped under the old epoch are waited for (at most
+        ``PUBLISHERS_WAIT_SECONDS``), and one more claim takes what they committed.
+        Returns that claim when it took rows (the run goes on).
         """
-        if not self.config.is_generic:
-            return None  # only publish() skips its wake: nobody relies on this run
         epoch = self._outlasting(partial(raise_wake_epoch, self.stream), "a run's end")
         if epoch is None:
             return None
@@ -639,9 +661,36 @@ def _wake_on_save(
 ) -> None:
     if created and isinstance(instance, BufferEvent):
         for stream in _streams_of(sender, [instance], using):
-            wake(stream, using=using)
+            _wake_on_write(stream, using)
 
 
 def _wake_on_bulk_create(sender: type[Any], objs: list[Any], using: str, **kwargs: Any) -> None:
     for stream in _streams_of(sender, objs, using):
+        _wake_on_write(stream, using)
+
+
+def _wake_on_write(stream: str, using: str) -> None:
+    """The wake of buffer rows the ORM wrote on *using*.
+
+    In a transaction on the stream's PostgreSQL database, the stream's first write asks
+    the wake guard in a statement of its own, as ``publish()`` does in its INSERT: a run
+    in flight takes the rows, or the statement queues the stream's wake (django-q2's
+    ORM broker), so the commit needs no wake; the transaction's later writes add
+    nothing (the first one's answer covers them all: a queued wake commits with them,
+    and an ending run waits for the transaction's end). Otherwise (autocommit, SQLite,
+    another database) the commit wakes the stream.
+    """
+    config = get_stream(stream)
+    connection = connections[using]
+    if not (connection.in_atomic_block and config.alias == using and guarded(connection)):
         wake(stream, using=using)
+        return
+    if registered(("django_outbox.wake", stream), using=using):
+        return  # asked (or woken) for this transaction already
+    job = wake_job(config)
+    row = handoff.queue_row(job, using)
+    started = time.monotonic()
+    answer = ask_wake_guard(connection, stream, row)
+    if answer > 0:
+        handoff.queued(job)
+    wake(stream, using=using, guarded_since=covered_since(answer, started))

@@ -585,3 +585,56 @@ def test_the_worker_that_took_the_wake_waits_for_a_publisher_that_relied_on_it(
     assert len(queued_wakes()) == 1  # no other wake queued
     assert outcomes == ["done", "done"]
     assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
+
+
+# -- rows the ORM writes: the first write of a transaction asks the guard --------------
+
+
+@override_settings(**SMALL)
+def test_orm_writes_on_an_idle_stream_queue_one_wake_and_nothing_runs_after_commit():
+    """create() and bulk_create() of buffer rows in a transaction: the stream's first
+    write asks the guard in one statement (it queues the wake), the others add nothing."""
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            OutboxEvent.objects.create(stream="audit", payload={"n": 0})
+            OutboxEvent.objects.create(stream="audit", payload={"n": 1})
+            OutboxEvent.objects.bulk_create([OutboxEvent(stream="audit", payload={"n": 2})])
+
+    statements = statements_of(queries)
+    assert [s.split()[0] for s in statements] == ["INSERT", "SELECT", "INSERT", "INSERT"]
+    after = queries.captured_queries[[q["sql"] for q in queries].index("COMMIT") + 1 :]
+    assert not after
+    (task,) = queued_wakes()
+    take(OrmQ.objects.get())
+    assert run_woken_all(task["args"]) == ["done"]
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1, 2]
+
+
+@override_settings(**SMALL)
+def test_an_orm_write_while_a_run_is_in_flight_skips_its_wake(waiting_run, patient):
+    job = a_run_in_flight()
+
+    class Writer(Publisher):
+        def write(self) -> None:
+            OutboxEvent.objects.create(stream="audit", payload={"n": self.n})
+
+    writer = Writer(1, commit_when=lambda: waiting_run.wait(WAIT), capture=False)
+    writer.start()
+    assert writer.published.wait(WAIT)
+    with handoff.capture():
+        outcomes = job.run()  # the queued group, then the writer's row once committed
+    writer.join(WAIT)
+
+    assert not writer.errors
+    assert writer.after_commit_queries == 0 and not queued_wakes()
+    assert len(outcomes) == 2
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
+
+
+@override_settings(**SMALL)
+def test_an_orm_write_in_autocommit_wakes_the_stream_at_once():
+    with handoff.capture() as jobs:
+        OutboxEvent.objects.create(stream="audit", payload={"n": 0})
+    (job,) = run_jobs_of(jobs)  # the commit's wake claimed a group and queued its run
+    with handoff.capture():
+        assert len(job.run()) == 1

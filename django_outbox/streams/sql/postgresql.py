@@ -70,19 +70,15 @@ class PostgresBufferOps(BufferOps):
         if not self.wake_guarded:
             return super().insert_event_guarded(stream, payload_json, trace_context, order_key)
         columns, values, params = self.event_columns(trace_context, order_key)
-        queued_key = (self.connection.alias, stream, wake[0] if wake else "")
-        last_id, last_digest = wake_guard.last_queued(queued_key)
+        call, call_params, key = wake_guard.stream_call(self.connection.alias, stream, wake)
         row = self.fetchone(
             f"INSERT INTO {self.table} (created_at, stream, payload{columns}) "
             f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{values}) "
-            f"RETURNING id, {wake_guard.FUNCTION}(%s, %s::bigint, %s::text, %s::text, %s::text)",
-            [stream, payload_json, *params, stream, last_id, last_digest, *(wake or (None, None))],
+            f"RETURNING id, {call}",
+            [stream, payload_json, *params, *call_params],
         )
         assert row is not None
-        answer = int(row[1])
-        if answer > 0 and wake is not None:
-            wake_guard.remember_queued(queued_key, answer, wake[1])
-        return int(row[0]), answer
+        return int(row[0]), wake_guard.answered(key, int(row[1]), wake)
 
     def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
         update, params = super().ordered_claim_sql(floor)

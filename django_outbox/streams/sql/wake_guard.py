@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -278,6 +279,28 @@ def last_queued(key: tuple[str, str, str]) -> tuple[int | None, str | None]:
 def remember_queued(key: tuple[str, str, str], wake_id: int, package: str) -> None:
     """A statement queued the wake *package* for *key* as queue row *wake_id*."""
     _QUEUED_WAKES[key] = (wake_id, hashlib.md5(package.encode(), usedforsecurity=False).hexdigest())
+
+
+def stream_call(
+    alias: str, stream: str, wake: tuple[str, str] | None
+) -> tuple[str, list[Any], tuple[str, str, str]]:
+    """The call of the streams' function for a statement on *alias* (its SQL and
+    parameters), offering *wake* (a cluster key and a signed package, or None), and the
+    key under which :func:`answered` remembers a wake it queued."""
+    key = (alias, stream, wake[0] if wake else "")
+    last_id, last_digest = last_queued(key)
+    return (
+        f"{FUNCTION}(%s, %s::bigint, %s::text, %s::text, %s::text)",
+        [stream, last_id, last_digest, *(wake or (None, None))],
+        key,
+    )
+
+
+def answered(key: tuple[str, str, str], answer: int, wake: tuple[str, str] | None) -> int:
+    """The function's *answer*, after remembering the wake it queued (an id > 0)."""
+    if answer > 0 and wake is not None:
+        remember_queued(key, answer, wake[1])
+    return answer
 
 
 #: The ``guarded_since`` of a write whose statement queued the stream's wake: it commits
