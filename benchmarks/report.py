@@ -337,6 +337,47 @@ def jobs(artifacts: Artifacts) -> list[str]:
     ]
 
 
+def ordered(r: dict[str, Any]) -> list[str]:
+    """``ORDER_KEY`` against the same stream unordered, by number of keys
+    (bench-ordered.json): the medians of each side and of the pairs' ratios."""
+    rows = []
+    for m in r["by_keys"]:
+        calls = m["groups"]
+        rows.append(
+            [
+                number(m["keys"]),
+                number(m["unordered_per_s"]),
+                number(m["ordered_per_s"]),
+                f"**{m['ordered_over_unordered']:g}**",
+                ", ".join(f"{x:g}" for x in m["pair_ratios"]),
+                f"{number(statistics.median(calls['keyed']))}; "
+                f"{number(statistics.median(calls['keyed_ordered']))}",
+                ", ".join(f"{x:g}" for x in m["load_averages"]),
+            ]
+        )
+    target = r["target"]
+    return [
+        f"**Measured {day(r['date'])}** by {command(r)} on "
+        f"{machine(r)}: {number(r['events'])} rows a drain, {r['runs']} alternating pairs. "
+        f"Target: ordered at least {target['ratio']:g} of unordered with "
+        f"{number(target['keys'])} keys ({'met' if target['met'] else 'not met'}).",
+        "",
+        *table(
+            [
+                "keys",
+                "unordered events/s",
+                "ordered events/s",
+                "ordered / unordered",
+                "pairs",
+                "handler calls (unordered; ordered)",
+                "load averages",
+            ],
+            "rrrrlrl",
+            rows,
+        ),
+    ]
+
+
 def more(report: dict[str, Any]) -> list[str]:
     """The other figures of the same run, one line each."""
     rows: list[list[str]] = []
@@ -451,6 +492,15 @@ def _otel(r: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _ordered(r: dict[str, Any]) -> tuple[str, str, str]:
+    if "by_keys" in r:
+        return (
+            command(r),
+            machine(r),
+            "`ORDER_KEY` / unordered: "
+            + ", ".join(
+                f"{m['ordered_over_unordered']:g} at {number(m['keys'])} keys" for m in r["by_keys"]
+            ),
+        )
     return (
         f"`python3 dev.py bench ordered --keys {r['keys']}`",
         "",
@@ -528,6 +578,11 @@ def render(artifacts: Artifacts) -> str:
         "",
         *more(main),
         "",
+        *(
+            ["### Ordered streams", "", *ordered(artifacts["bench-ordered.json"]), ""]
+            if "by_keys" in artifacts.get("bench-ordered.json", {})
+            else []
+        ),
         "### Sources",
         "",
         *sources(artifacts),

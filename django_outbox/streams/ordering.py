@@ -9,9 +9,13 @@ alive keeps its keys blocked: a retry's backoff, a lease a rescue will take back
 crashed worker's group, a group whose dead-lettering failed. Concurrent claims of the
 stream (``RUNS`` runs) are serialized on PostgreSQL, each seeing the groups of the one
 before, so none skips a row another claim is taking to take the key's later rows.
-The claim reads the key's value on the rows in groups, so the key of a row in a group
-must not change: the buffer's key guard (a trigger,
-:class:`~django_outbox.operations.GuardOrderKey`) refuses such an UPDATE.
+The claim reads the key's value on the rows of the stream's groups, found from the
+group rows (a group's row lives as long as any of its rows is in the buffer: the claim,
+a split, the archive and a dead letter write both in one transaction), so the key of a
+row in a group must not change: the buffer's key guard (a trigger,
+:class:`~django_outbox.operations.GuardOrderKey`) refuses such an UPDATE. The claim
+scans from the claim floor's start, which is at or below every waiting row, so it sees
+every waiting row of a key it takes.
 
 What is left for this module: the group operations that must not split a key apart.
 

@@ -18,7 +18,8 @@ the same worker, processes it, and goes on while rows are waiting:
   a group row of no rows whose job claims its rows once a worker runs it, so the run
   that fans out pays a row insert per run, not a claim, and the claims happen in
   parallel where the rows are processed. After ``RUN_SECONDS`` a run hands its next
-  group to a fresh job, so no worker is held for long.
+  group to a fresh job, so no worker is held for long (an ordered stream's, a
+  reservation: a claimed group waiting for a worker would hold its keys).
 * **End.** A run ends when its claim comes back short and nothing wanted it, deciding
   under the stream's state-row lock, which a wake takes too: either the run sees the
   wake's flag, or the wake sees no run in flight and starts one.
@@ -423,7 +424,7 @@ class _Run:
             return self._last_claim()
         if now >= self.deadline:
             try:
-                if claim_group(self.stream, state=state).claimed_any:
+                if self._hand_off(state):
                     return None  # handed to a fresh job
                 return self._last_claim()
             except Exception:
@@ -441,6 +442,19 @@ class _Run:
             return self._last_claim()
         self._fan_out(claim, now)
         return claim
+
+    def _hand_off(self, state: StreamState) -> bool:
+        """Hand the run's next group to a fresh job (past ``RUN_SECONDS``); whether one
+        was started.
+
+        An ordered stream's fresh job gets a reservation and claims its rows when a
+        worker runs it: a group claimed now would hold its keys while its job waits for
+        a worker, and the runs meanwhile, finding those keys in flight, would claim
+        short groups of the few keys left (issue 39).
+        """
+        if self.config.ordered:
+            return start_runs(self.stream, 1, announce=False, reserve=True) > 0
+        return claim_group(self.stream, state=state).claimed_any
 
     def fill(self, group_id: uuid.UUID, attempt: int) -> bool:
         """Claim the rows of a reservation this run leased (attempt *attempt*) into it;

@@ -73,3 +73,36 @@ def test_the_report_needs_only_the_standard_library():
         if isinstance(node, ast.ImportFrom) and node.module
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_the_ordered_benchmark_renders_a_section_of_its_own(tmp_path):
+    """``python3 dev.py bench ordered`` writes each number of keys' rates and pairs."""
+    shutil.copy(report.RESULTS / report.MAIN, tmp_path / report.MAIN)
+    main = json.loads((tmp_path / report.MAIN).read_text())
+    measured = {
+        "keys": 1000,
+        "unordered_per_s": 20000,
+        "ordered_per_s": 19000,
+        "ordered_over_unordered": 0.95,
+        "pair_ratios": [0.95, 0.9, 1.02],
+        "all_rates": {"keyed": [20000] * 3, "keyed_ordered": [19000] * 3},
+        "groups": {"keyed": [200] * 3, "keyed_ordered": [200, 201, 201]},
+        "load_averages": [1.5] * 6,
+    }
+    ordered = {
+        "date": "2026-12-01T08:00:00+00:00",
+        "machine": main["machine"],
+        "postgresql": main["postgresql"],
+        "arguments": ["ordered"],
+        "events": 200000,
+        "runs": 3,
+        "target": {"keys": 1000, "ratio": 0.85, "met": True},
+        "by_keys": [measured],
+    }
+    (tmp_path / "bench-ordered.json").write_text(json.dumps(ordered))
+
+    block = report.render(report.load(tmp_path))
+
+    assert "### Ordered streams" in block
+    assert "| 1,000 | 20,000 | 19,000 | **0.95** | 0.95, 0.9, 1.02 | 200; 201 |" in block
+    assert "`ORDER_KEY` / unordered: 0.95 at 1,000 keys" in block

@@ -22,7 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from psycopg.copy import LibpqWriter
 
 from django_outbox.conf import get_stream
-from django_outbox.models import FloorHole, OutboxEvent, StreamState
+from django_outbox.models import FloorHole, OutboxEvent, OutboxGroup, StreamState
 from django_outbox.streams import claim_floor
 from django_outbox.streams.distribute import distribute_stream
 from django_outbox.streams.publish import publish, publish_many
@@ -59,29 +59,29 @@ def other() -> Iterator[psycopg.Connection]:
         conn.rollback()
 
 
-def floor() -> int:
-    return StreamState.objects.get(stream=STREAM).claim_floor
+def floor(stream: str = STREAM) -> int:
+    return StreamState.objects.get(stream=stream).claim_floor
 
 
-def advance(times: int = 3) -> int:
+def advance(times: int = 3, stream: str = STREAM) -> int:
     """Let the floor move as often as a run loop would in a few seconds."""
-    config = get_stream(STREAM)
+    config = get_stream(stream)
     for _ in range(times):
-        claim_floor.advance(config, StreamState.objects.get(stream=STREAM), force=True)
-    return floor()
+        claim_floor.advance(config, StreamState.objects.get(stream=stream), force=True)
+    return floor(stream)
 
 
-def advance_until(expected: int, timeout: float = 60) -> int:
+def advance_until(expected: int, timeout: float = 60, stream: str = STREAM) -> int:
     """Move the floor until it reaches *expected*, checking it never passes it.
 
     The barrier waits for every transaction on the server that was in progress when
     it was taken (other databases' too), so how many moves it takes is not fixed.
     """
     deadline = time.monotonic() + timeout
-    while (now := advance(1)) < expected and time.monotonic() < deadline:
+    while (now := advance(1, stream)) < expected and time.monotonic() < deadline:
         time.sleep(0.01)
     assert now == expected
-    assert advance() == expected  # and it stays there
+    assert advance(stream=stream) == expected  # and it stays there
     return now
 
 
@@ -169,11 +169,11 @@ def test_distribute_lowers_a_floor_that_passed_an_unclaimed_row():
     assert not OutboxEvent.objects.filter(id=row).exists()  # claimed, handled, archived
 
 
-def claim_buffers() -> int:
+def claim_buffers(stream: str = STREAM) -> int:
     """Shared buffers the stream's next claim touches, as the run loop issues it."""
     with transaction.atomic():
         with CaptureQueriesContext(connection) as queries:
-            claim_group(STREAM, run_here=True, state=StreamState.objects.get(stream=STREAM))
+            claim_group(stream, run_here=True, state=StreamState.objects.get(stream=stream))
         transaction.set_rollback(True)
     (sql,) = [q["sql"] for q in queries.captured_queries if "SET group_id" in q["sql"]]
     return buffers_of(sql)
@@ -202,23 +202,24 @@ def status_buffers() -> int:
     return sum(buffers_of(sql) for sql in reads)
 
 
-def move_rows(rows: int) -> None:
+def move_rows(rows: int, stream: str = STREAM, keys: int = 0) -> None:
     """Publish *rows* rows and let a run claim, handle, archive and delete them all,
-    and its floor catch up."""
+    and its floor catch up. With *keys*, the rows have that many order keys, in turn."""
+    key = "(n %% %s)::text" if keys else "NULL"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {TABLE} (created_at, stream, payload) "
-            "SELECT now(), %s, jsonb_build_object('n', n) FROM generate_series(1, %s) n "
-            "RETURNING id",
-            [STREAM, rows],
+            f"INSERT INTO {TABLE} (created_at, stream, payload, order_key) "
+            f"SELECT now(), %s, jsonb_build_object('n', n), {key} "
+            "FROM generate_series(1, %s) n RETURNING id",
+            [stream, *([keys] if keys else []), rows],
         )
         last = max(row[0] for row in cursor.fetchall())
     runner = InlineRunner()
     with runner.capturing():  # the runs a full claim starts beside it
-        run_stream(STREAM, budget=600)
+        run_stream(stream, budget=600)
     runner.drain()
     assert not OutboxEvent.objects.exists()
-    advance_until(last)
+    advance_until(last, stream=stream)
 
 
 def test_the_claims_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, monkeypatch):
@@ -238,6 +239,59 @@ def test_the_claims_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, m
     # Ten times the dead rows behind it, and the claim touches the same pages (the
     # indexes' growth aside); from the index's oldest end it touched 280 more here.
     assert after_many <= after_few + 50, (after_few, after_many)
+
+
+def test_an_ordered_claims_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, monkeypatch):
+    """An ordered claim reads the keys in groups and takes every free key's waiting
+    rows: each of those reads starting from an index's oldest end (the group index's
+    entries, a key's first entry) would step over every row of it moved since the
+    snapshot was taken (issue 39)."""
+    stream = "ordered_audit"
+    options = {
+        **DJANGO_OUTBOX,
+        "STREAMS": {
+            **DJANGO_OUTBOX["STREAMS"],
+            stream: {**DJANGO_OUTBOX["STREAMS"][STREAM], "ORDER_KEY": "key"},
+        },
+    }
+    monkeypatch.setattr(claim_floor, "ADVANCE_SECONDS", 0.0)
+    with override_settings(DJANGO_OUTBOX=options):
+        StreamState.objects.update_or_create(stream=stream, defaults={"batch_size_override": 200})
+        other.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        other.execute("SELECT 1")  # a report's snapshot, held: vacuum can remove nothing
+
+        def waiting_rows() -> None:
+            """20 rows of 10 keys, the first two (keys 0 and 1) in a group."""
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {TABLE} (created_at, stream, payload, order_key) "
+                    "SELECT now(), %s, '{}', (n %% 10)::text FROM generate_series(0, 19) n",
+                    [stream],
+                )
+            StreamState.objects.filter(stream=stream).update(batch_size_override=2)
+            assert len(claim_ordered(stream)) == 2
+            StreamState.objects.filter(stream=stream).update(batch_size_override=200)
+
+        move_rows(2_000, stream, keys=10)
+        waiting_rows()
+        after_few = claim_buffers(stream)
+        OutboxEvent.objects.all().delete()
+        OutboxGroup.objects.filter(stream=stream).delete()
+
+        move_rows(20_000, stream, keys=10)
+        waiting_rows()
+        after_many = claim_buffers(stream)
+
+    # Ten times the dead rows behind it, and the claim touches the same pages (the
+    # indexes' growth aside); reading from the indexes' oldest ends it touched 4,430
+    # more here (699, then 5,129 buffers).
+    assert after_many <= after_few + 50, (after_few, after_many)
+
+
+def claim_ordered(stream: str) -> list[int]:
+    """Claim a group of *stream* as a run does; return its row ids."""
+    result = claim_group(stream, run_here=True, state=StreamState.objects.get(stream=stream))
+    return sorted(OutboxEvent.objects.filter(group_id=result.group_id).values_list("id", flat=True))
 
 
 def test_the_status_cost_is_flat_in_the_dead_rows_a_held_snapshot_keeps(other, monkeypatch):

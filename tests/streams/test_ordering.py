@@ -41,7 +41,7 @@ from django_outbox.models import (
 from django_outbox.streams import steer
 from django_outbox.streams.attempt import AttemptOutcome, process_group
 from django_outbox.streams.rescue import requeue_due_groups
-from django_outbox.streams.run import claim_group
+from django_outbox.streams.run import claim_group, run_stream
 from django_outbox.streams.sql import buffer_ops
 from django_outbox.streams.status import stream_status
 from django_outbox.streams.steer import release_keys
@@ -136,6 +136,23 @@ def test_a_key_with_a_group_in_flight_is_not_claimed_again():
 
 
 GENERIC = {"HANDLER": "tests.testapp.handlers.record", "ORDER_KEY": "account"}
+
+
+def test_a_run_past_its_budget_hands_over_a_reservation_that_holds_no_key():
+    """The fresh job claims when a worker runs it. A group claimed for it would hold its
+    keys while the job waits for a worker, and the other runs, finding them in flight,
+    would claim short groups of the few keys left (issue 39)."""
+    ids = add("a", "b", "a")
+    with handoff.capture() as jobs:
+        assert run_stream(STREAM, budget=0) == []  # past its budget at once: handed over
+
+    (job,) = [job for job in jobs if job.func == handoff.RUN]
+    reservation = OutboxGroup.objects.get()
+    assert job.args == (STREAM, str(reservation.pk)) and reservation.size == 0
+    assert not OrderedEvent.objects.filter(group_id__isnull=False).exists()
+    with handoff.capture():
+        job.run()
+    assert delivered() == {"a": [ids[0], ids[2]], "b": [ids[1]]}
 
 
 @pytest.mark.parametrize("buffer", ["custom", "generic"])

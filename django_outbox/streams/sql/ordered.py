@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_outbox.base.dialect import column_name, concrete_field
+from django_outbox.models.groups import OutboxGroup
 from django_outbox.models.held import HeldKey
 from django_outbox.streams.sql.base import BufferOps
 
@@ -25,6 +26,7 @@ class OrderedSQL:
         self.stream = stream
         self.key = ops.qn(column_name(ops._column_field(key)))
         self.held_table = ops.qn(HeldKey._meta.db_table)
+        self.groups_table = ops.qn(OutboxGroup._meta.db_table)
 
     def lock_statement(self) -> tuple[str, list[Any]] | None:
         """The statement that serializes the stream's claims, where claims can overlap."""
@@ -36,32 +38,36 @@ class OrderedSQL:
         """The ids an ordered claim takes: for each key, every waiting row, in id order.
 
         A row is taken only if no row of its key is in a group (claimed, running,
-        retrying or being dead-lettered), none is still unclaimed at or below the claim
-        floor (a late commit the floor passed: it goes first), and its key is not held
-        by a dead letter. All the waiting rows of a free key are above the floor and
-        unclaimed, so the limit cuts them in id order: a key's taken rows are a prefix
-        of its waiting ones. Rows whose key is NULL are not ordered. *floor* is the SQL
-        of the floor (:meth:`BufferOps.floor_start`). Parameters: :meth:`pick_params`.
+        retrying or being dead-lettered) and its key is not held by a dead letter. The
+        scan starts at the claim's start, *floor* (the SQL of
+        :meth:`BufferOps.floor_start`), which is at or below every waiting row: the claim
+        floor never passes an unclaimed row, and a row written at or below it is a hole
+        the start goes below (:mod:`django_outbox.streams.claim_floor`). So every waiting
+        row of a free key is in the scan, and the limit cuts them in id order: a key's
+        taken rows are a prefix of its waiting ones. Rows whose key is NULL are not
+        ordered. Parameters: :meth:`pick_params`.
         """
         table, key = self.ops.table, self.key
-        lock = " FOR UPDATE OF r" if self.ops.dialect.vendor == "postgresql" else ""
+        postgres = self.ops.dialect.vendor == "postgresql"
+        lock = " FOR UPDATE OF r" if postgres else ""
         # The generic buffer is shared: every read keeps to the stream's rows, in the
         # order of its (stream, …) indexes.
         shared = self.ops.stream is not None
         r_stream, e_stream = (" AND r.stream = %s", " AND e.stream = %s") if shared else ("", "")
-        r_order, e_order = ("r.stream, r.id", "e.stream, ") if shared else ("r.id", "")
-        # The keys in groups and the held keys are read once per claim (a hashed set:
-        # the rows of at most RUNS groups and of the retrying ones). The first waiting
-        # row of the row's key, above the floor, is one probe of the key's index: the
-        # ORDER BY makes it that index whatever the planner's statistics say.
+        r_order = "r.stream, r.id" if shared else "r.id"
+        # The keys in groups and the held keys are read once per claim (a hashed set).
+        # The rows in groups are found from the stream's group rows, one probe of the
+        # buffer's group index per group: a scan of that partial index would step over
+        # the entries every archived row leaves there until vacuum, and while a snapshot
+        # is held that is every row moved since.
+        groups = f"SELECT g.id FROM {self.groups_table} g WHERE g.stream = %s"
+        in_groups = f"= ANY(ARRAY({groups}))" if postgres else f"IN ({groups})"
         return self.ops.dialect.id_pick(
             f"SELECT r.id FROM {table} r WHERE r.group_id IS NULL{r_stream} AND r.id > {floor} "
             f"AND (r.{key} IS NULL OR (r.{key} NOT IN (SELECT e.{key} FROM {table} e "
-            f"WHERE e.group_id IS NOT NULL AND e.{key} IS NOT NULL{e_stream}) "
+            f"WHERE e.group_id {in_groups} AND e.{key} IS NOT NULL{e_stream}) "
             f"AND CAST(r.{key} AS TEXT) NOT IN (SELECT h.{self.ops.qn('key')} "
-            f"FROM {self.held_table} h WHERE h.stream = %s) "
-            f"AND (SELECT e.id FROM {table} e WHERE e.{key} = r.{key} AND e.group_id IS NULL"
-            f"{e_stream} ORDER BY {e_order}e.{key}, e.id LIMIT 1) > {floor})) "
+            f"FROM {self.held_table} h WHERE h.stream = %s))) "
             f"ORDER BY {r_order} LIMIT %s{lock}"
         )
 
@@ -69,7 +75,7 @@ class OrderedSQL:
         """The parameters of :meth:`pick`, in order (the stream's, on the shared table),
         with *floor* those of its floor's SQL."""
         shared = [self.stream] if self.ops.stream is not None else []
-        return [*shared, *floor, *shared, self.stream, *shared, *floor, limit]
+        return [*shared, *floor, self.stream, *shared, self.stream, limit]
 
     def hold_keys(self, group_id: uuid.UUID, error: str) -> int:
         """Hold the keys of the group's rows (being dead-lettered); return how many."""
