@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from benchmarks.models import Marker
 from django_outbox.models import ArchivedEvent, OutboxEvent, Outcome
@@ -16,6 +16,17 @@ def serialize_batch(batch: Batch) -> None:
     rows = batch.rows("id", "payload")
     body = json.dumps([{"ref": row["id"], **row["payload"]} for row in rows])
     assert len(rows) and body
+
+
+def stamp_batch(batch: Batch) -> None:
+    """:func:`serialize_batch`, after a marker of when the call began, in the database's
+    clock (seconds since the epoch), committed at once (benchmarks.first_call)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO benchmarks_marker (name) "
+            "VALUES ('call ' || extract(epoch FROM clock_timestamp())::text)"
+        )
+    serialize_batch(batch)
 
 
 def handle_event(event_id: int) -> None:
