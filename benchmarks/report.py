@@ -258,11 +258,13 @@ def first_call(report: dict[str, Any]) -> list[str]:
         if measured.get("poll_s") is not None:
             name += f", poll {measured['poll_s']:g} s"
         largest = measured["by_rows"][str(backlogs[-1])]
+        cold = measured["cold"]
         rows.append(
             [
                 name,
                 *(seconds(measured["by_rows"][str(n)]["first_call_median_s"]) for n in backlogs),
                 seconds(largest["archived_median_s"]),
+                f"{seconds(cold['first_call_s'])}; {seconds(cold['archived_s'])}",
                 str(len(largest["first_call_runs_s"])),
             ]
         )
@@ -270,6 +272,7 @@ def first_call(report: dict[str, Any]) -> list[str]:
         "commit → handler's first call (idle stream)",
         *(f"{number(n)} row{'s' if n > 1 else ''}" for n in backlogs),
         f"{number(backlogs[-1])} rows: all archived",
+        f"fresh cluster, {number(backlogs[-1])} rows: first call; all archived",
         "samples",
     ]
     return ["", *table(header, "l" + "r" * (len(header) - 1), rows)]

@@ -902,6 +902,11 @@ def clusters_on_redis(events: int) -> list[dict[str, Any]]:
 def print_first_calls(first_calls: dict[str, Any]) -> None:
     """One line per broker and backlog: commit to the handler's first call."""
     for broker, measured in first_calls.items():
+        cold = measured["cold"]
+        print(
+            f"first call, {broker} broker, {cold['rows']:,} rows committed as the cluster "
+            f"starts: {cold['first_call_s']} s, archived after {cold['archived_s']} s"
+        )
         for k in measured["by_rows"].values():
             print(
                 f"first call, {broker} broker, {k['rows']:,} row(s) committed to an idle "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from django.db import connection, transaction
 
@@ -20,11 +21,13 @@ def serialize_batch(batch: Batch) -> None:
 
 def stamp_batch(batch: Batch) -> None:
     """:func:`serialize_batch`, after a marker of when the call began, in the database's
-    clock (seconds since the epoch), committed at once (benchmarks.first_call)."""
+    clock (seconds since the epoch), and of the worker's process id, committed at once
+    (benchmarks.first_call)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO benchmarks_marker (name) "
-            "VALUES ('call ' || extract(epoch FROM clock_timestamp())::text)"
+            "VALUES ('call ' || extract(epoch FROM clock_timestamp())::text || ' ' || %s)",
+            [os.getpid()],
         )
     serialize_batch(batch)
 

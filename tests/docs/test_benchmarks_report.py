@@ -106,6 +106,7 @@ def with_sizes_and_first_calls(b_over_c_at_100k: float) -> dict:
             "broker": broker,
             "poll_s": 0.05 if broker == "orm" else None,
             "workers": 2,
+            "cold": {"rows": 20000, "first_call_s": first + 0.1, "archived_s": 0.75},
             "by_rows": {
                 "1": {
                     "rows": 1,
@@ -145,11 +146,15 @@ def test_the_first_call_after_a_commit_with_each_broker():
 
     header = (
         "| commit → handler's first call (idle stream) | 1 row | 20,000 rows "
-        "| 20,000 rows: all archived | samples |"
+        "| 20,000 rows: all archived | fresh cluster, 20,000 rows: first call; all archived "
+        "| samples |"
     )
     assert header in block
-    assert "| ORM broker (PostgreSQL), poll 0.05 s | 0.061 s | 0.081 s | 0.610 s | 7 |" in block
-    assert "| Redis broker | 0.012 s | 0.032 s | 0.610 s | 7 |" in block
+    assert (
+        "| ORM broker (PostgreSQL), poll 0.05 s | 0.061 s | 0.081 s | 0.610 s "
+        "| 0.161 s; 0.750 s | 7 |" in block
+    )
+    assert "| Redis broker | 0.012 s | 0.032 s | 0.610 s | 0.112 s; 0.750 s | 7 |" in block
 
 
 def test_a_run_from_before_either_figure_renders_without_them():
