@@ -150,15 +150,21 @@ def cluster(*, scheduler: bool = False, **env: str) -> Iterator[None]:
     """Run ``qcluster`` (2 workers, ORM broker) and wait until it takes jobs.
 
     With *scheduler* the cluster runs django-q2's schedules too, as in production; *env*
-    goes to the cluster's environment (``BENCH_*`` switches of the settings)."""
+    goes to the cluster's environment (``BENCH_*`` switches of the settings). Ready
+    means every worker has run a ping (:func:`benchmarks.tasks.ping_every_worker`): each
+    has connected to the database, as C's processes have when its clock starts."""
+    from django.conf import settings
+
     log = ROOT / "artifacts" / "bench-qcluster.log"
     log.parent.mkdir(exist_ok=True)
     with log.open("w") as out:
         process = start_django(["qcluster"], out, BENCH_SCHEDULER="1" if scheduler else "0", **env)
     try:
-        name = f"ready-{process.pid}"
-        async_task("benchmarks.tasks.ping", name, save=False)
-        wait_until(lambda: Marker.objects.filter(name=name).exists(), 60, "cluster start")
+        name, workers = f"ready-{process.pid}", settings.Q_CLUSTER["workers"]
+        for _ in range(workers):
+            async_task("benchmarks.tasks.ping_every_worker", name, workers, save=False)
+        pinged = Marker.objects.filter(name__startswith=f"{name} ")
+        wait_until(lambda: pinged.count() >= workers, 60, "cluster start")
         yield
     finally:
         stop([process])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from django.db import connection, transaction
 
@@ -54,6 +55,18 @@ def noop(number: int) -> None:
 
 def ping(name: str) -> None:
     Marker.objects.create(name=name)
+
+
+def ping_every_worker(name: str, workers: int) -> None:
+    """One of *workers* readiness pings: mark this worker, then wait (up to 30 s) until
+    every ping is marked, so that no worker takes two and each has connected to the
+    database, as C's processes connect before its clock starts."""
+    Marker.objects.create(name=f"{name} {os.getpid()}")
+    deadline = time.monotonic() + 30
+    while Marker.objects.filter(name__startswith=f"{name} ").count() < workers:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def serialize_orders(batch: Batch) -> None:
