@@ -314,15 +314,18 @@ def run_floor(events: int, workers: int = 2) -> Result:
     }
     conninfo = {k: v for k, v in conninfo.items() if v}
     context = multiprocessing.get_context("spawn")
-    start, results = context.Event(), context.Queue()
+    start, results, ready = context.Event(), context.Queue(), context.Semaphore(0)
     before = Counters.read()
     processes = [
-        context.Process(target=floor.work, args=(conninfo, STREAM, 1000, start, results))
+        context.Process(target=floor.work, args=(conninfo, STREAM, 1000, start, results, ready))
         for _ in range(workers)
     ]
     for process in processes:
         process.start()
-    time.sleep(1.0)  # let the workers connect: the clock covers the SQL work only
+    for _ in processes:  # every worker connected (on a busy machine 1 s may not be enough)
+        if not ready.acquire(timeout=60):
+            raise SystemExit("benchmark: C's workers did not connect within 60 s")
+    time.sleep(1.0)  # as B's cluster: the clock covers the SQL work only
     started = time.perf_counter()
     start.set()
     moved = sum(results.get(timeout=1800) for _ in processes)
