@@ -17,7 +17,7 @@ from django_outbox.jobs.staging import (
 )
 from django_outbox.models.unique import get_kind
 from django_outbox.streams.distribute import distribute_all, distribute_stream, retry_group
-from django_outbox.streams.run import run_stream
+from django_outbox.streams.run import run_stream, run_woken
 from django_outbox.unique.dispatch import dispatch, dispatch_all, run_jobs
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "run_staged",
     "run_traced",
     "run_unique_jobs",
+    "wake",
 ]
 
 
@@ -42,6 +43,11 @@ def distribute(stream: str | None = None) -> list[dict[str, Any]]:
 def run(stream: str, group_id: str | None = None) -> list[str]:
     """Run *stream*'s loop from *group_id*; return the outcome of each group processed."""
     return [outcome.value for outcome in run_stream(stream, group_id)]
+
+
+def wake(stream: str) -> list[str]:
+    """Run *stream* in this worker: the wake a publish queued in its own INSERT."""
+    return [outcome.value for outcome in run_woken(stream)]
 
 
 def retry(stream: str, group_id: str) -> list[str]:

@@ -66,13 +66,23 @@ from typing import Any
 
 from django.db import IntegrityError, connection, connections, transaction
 from django.test import override_settings
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
 
 from django_outbox import BatchResult, RetryAfter, publish, publish_many
 from django_outbox.conf import get_stream
-from django_outbox.models import ArchivedEvent, HeldKey, OutboxEvent, OutboxGroup, StreamState
+from django_outbox.models import (
+    ArchivedEvent,
+    GroupState,
+    HeldKey,
+    OutboxEvent,
+    OutboxGroup,
+    StreamState,
+)
 from django_outbox.streams import attempt, budget, claim_floor, distribute, rescue, run, steer
 from django_outbox.streams.batch import Batch
 from django_outbox.streams.run import wake
+from django_outbox.streams.sql import wake_guard
 from django_outbox.transport import handoff
 from tests.settings import DJANGO_OUTBOX
 from tests.testapp.models import OrderedEvent
@@ -176,6 +186,10 @@ class Profile:
     rekeys: int = 0
     #: The handler's outcomes and their weights.
     modes: tuple[tuple[str, int], ...] = (("ok", 14), ("partial", 2), ("raise", 2))
+    #: Jobs go through django-q2's queue table, as with the ORM broker in production (a
+    #: worker takes a row, runs it, deletes it), instead of the harness's own queue; so
+    #: ``publish()`` queues its stream's wake in its INSERT.
+    queue_table: bool = False
 
     def mode(self, rng: random.Random) -> str:
         names, weights = zip(*self.modes, strict=True)
@@ -215,8 +229,19 @@ EVERYTHING = replace(
     rekeys=2,
     modes=(("ok", 14), ("partial", 2), ("raise", 2), ("crash", 1), ("retry_after", 1)),
 )
+#: Issue 39: wakes queued by publish()'s INSERT, relied on while untaken, taken by workers
+#: while runs start and end.
+QUEUED_WAKE = replace(
+    CLEAN,
+    name="queued_wake",
+    paths=("publish", "publish", "orm_create", "raw_insert"),
+    publishes_per_transaction=3,
+    generic_publishers=3,
+    queue_table=True,
+)
 PROFILES = {
-    p.name: p for p in (CLEAN, WAKE_GUARD, FLOOR, FLOOR_CACHE, RETRY_AFTER, REKEY, EVERYTHING)
+    p.name: p
+    for p in (CLEAN, WAKE_GUARD, FLOOR, FLOOR_CACHE, RETRY_AFTER, REKEY, EVERYTHING, QUEUED_WAKE)
 }
 
 
@@ -260,7 +285,8 @@ class Actor(threading.Thread):
 
     def run(self) -> None:
         _local.actor = self
-        handoff._local.queue = _Broker(self.harness.jobs)
+        if not self.harness.profile.queue_table:
+            handoff._local.queue = _Broker(self.harness.jobs)
         try:
             self.program(self)
         except _Stop:
@@ -350,6 +376,13 @@ class Harness:
 
     def candidates(self) -> list[Actor]:
         return [a for a in self.actors if a.state == "parked" and (a.ready is None or a.ready())]
+
+    def queued(self) -> bool:
+        """Whether a committed job waits in django-q2's queue table (``queue_table``)."""
+        if not self.profile.queue_table:
+            return False
+        table = OrmQ._meta.db_table
+        return bool(fetch(f"SELECT 1 FROM {table} WHERE lock <= clock_timestamp() LIMIT 1"))
 
     def step(self, number: int) -> bool:
         """Let one actor take its next step; False when none can."""
@@ -527,7 +560,20 @@ class Harness:
     # -- deliveries (actor threads) --
 
     def deliver(self, actor: Actor, batch: Batch, ids: list[int]) -> None:
-        """A handler call begins: check it against the deliveries live and the order."""
+        """A handler call begins: check it against the deliveries live and the order.
+
+        A call whose lease the clock made expire since its claim (a worker stalled for
+        longer than its lease, as the clock step models; the group may have been
+        rescued meanwhile) is under no live lease: the fenced finalize refuses it, and
+        the rescued attempt may run beside it.
+        """
+        if not fetch(
+            f"SELECT 1 FROM {OutboxGroup._meta.db_table} WHERE id = %s AND attempt = %s "
+            "AND state = %s AND lease_expires_at > clock_timestamp()",
+            [batch.group_id, batch.attempt, GroupState.RUNNING],
+        ):
+            self.note(f"{actor.actor_name} calls the handler under an expired lease")
+            return self.check_order(actor, batch, ids)
         with self.cond:
             for row_id in ids:
                 holder = self.live.get((batch.stream, row_id))
@@ -545,6 +591,11 @@ class Harness:
                 self.live[batch.stream, row_id] = Delivery(
                     batch.group_id, batch.attempt, actor.actor_name
                 )
+        self.check_order(actor, batch, ids)
+
+    def check_order(self, actor: Actor, batch: Batch, ids: list[int]) -> None:
+        """No call while a RetryAfter pause holds the stream; no ordered key overtaken."""
+        with self.cond:
             keys = dict(self.keys)
         if fetch(
             "SELECT 1 FROM django_outbox_streamstate WHERE stream = %s AND paused_until > now()",
@@ -716,12 +767,21 @@ def gates() -> Iterator[None]:
         put(run, "run_attempt", _tracked(run.run_attempt))
         put(run, "PUBLISHERS_WAIT_SECONDS", 1e6)
         put(run, "LONG_TRANSACTION_SECONDS", 1e6)
+        define_guard(long_seconds=1e6)  # the database's side of the same bound
         put(run, "RECHECK_SECONDS", 0.0)
         put(claim_floor, "ADVANCE_SECONDS", 0.0)
         yield
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)
+        define_guard()
+
+
+def define_guard(**bound: float) -> None:
+    """(Re)define the wake guard's functions, with the *bound* given or the default."""
+    with connection.cursor() as cursor:
+        for sql in wake_guard.statements(**bound):
+            cursor.execute(sql)
 
 
 # -- the actors' programs ----------------------------------------------------------------
@@ -861,18 +921,37 @@ def worker_program(actor: Actor) -> None:
     """A worker: runs the jobs the pipeline enqueued, as a django-q2 worker would."""
     harness = actor.harness
     while True:
-        actor.gate("take a job", ready=lambda: bool(harness.jobs))
-        job = harness.jobs.popleft()
-        if job.func == handoff.RUN:
-            stream, group_id = job.args
-            hand_over = actor.rng.random() < 0.1
-            harness.note(f"{actor.actor_name} runs job run({stream}, {group_id})")
-            try:
+        actor.gate("take a job", ready=lambda: bool(harness.jobs) or harness.queued())
+        job = harness.jobs.popleft() if harness.jobs else take_queued()
+        if job is None:
+            continue  # another worker took the row first
+        harness.note(f"{actor.actor_name} runs job {job.func.rpartition('.')[2]}{job.args}")
+        try:
+            if job.func == handoff.RUN:
+                stream, group_id = job.args
+                hand_over = actor.rng.random() < 0.1
                 run.run_stream(stream, group_id, budget=0.0 if hand_over else 1e6)
-            except WorkerCrash:
-                harness.note(f"{actor.actor_name} crashed")
-        else:
-            job.run()
+            elif job.func == handoff.WAKE:
+                run.run_woken(*job.args)
+            else:
+                job.run()
+        except WorkerCrash:
+            harness.note(f"{actor.actor_name} crashed")
+
+
+def take_queued() -> handoff.Job | None:
+    """Take the oldest job waiting in django-q2's queue table, as the ORM broker's worker
+    does (the row is acknowledged, deleted, at once: a crashed worker's job is not
+    delivered again here; the recovery's distribute covers its work)."""
+    rows = fetch(
+        f"DELETE FROM {OrmQ._meta.db_table} WHERE id = (SELECT id FROM {OrmQ._meta.db_table} "
+        "WHERE lock <= clock_timestamp() ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+        "RETURNING payload"
+    )
+    if not rows:
+        return None
+    task = SignedPackage.loads(rows[0][0])
+    return handoff.Job(task["func"], tuple(task["args"]), kwargs=task.get("kwargs") or {})
 
 
 def time_passes() -> None:
@@ -978,6 +1057,7 @@ def reset() -> None:
     OutboxGroup.objects.filter(stream__in=streams).delete()
     ArchivedEvent.objects.filter(stream__in=streams).delete()
     HeldKey.objects.filter(stream__in=streams).delete()
+    OrmQ.objects.all().delete()
     StreamState.objects.filter(stream__in=streams).delete()
     StreamState.objects.bulk_create([StreamState(stream=s) for s in streams])
     claim_floor.forget()

@@ -76,10 +76,17 @@ HISTORY = {
     ],
 }
 
+#: The migrations each app ships: 0001_initial, which replaces the development history,
+#: and those added since.
+RELEASED = {
+    "django_outbox": ["0001_initial", "0002_publish_wake"],
+    "django_outbox_tasks": ["0001_initial"],
+}
+
 #: The functions the outbox's migration installs on PostgreSQL: the wake guard's and
 #: the claim floor's (the generic buffer's order-key guard has one too, named by its table).
 OUTBOX_FUNCTIONS = {
-    "django_outbox_wake_skip",
+    "django_outbox_publish_wake",
     "django_outbox_job_wake",
     "django_outbox_floor_guard",
     "django_outbox_floor_hole",
@@ -140,11 +147,11 @@ def test_makemigrations_finds_no_changes_for_the_outbox_apps(app_label):
 
 
 @pytest.mark.parametrize("app_label", OUTBOX_APPS)
-def test_each_outbox_app_ships_one_migration_that_replaces_the_development_history(app_label):
+def test_each_outbox_app_ships_the_squashed_history_and_the_migrations_since(app_label):
     loader = MigrationLoader(None, ignore_no_migrations=True)
 
-    assert [key for key in loader.disk_migrations if key[0] == app_label] == [
-        (app_label, "0001_initial")
+    assert sorted(key for key in loader.disk_migrations if key[0] == app_label) == [
+        (app_label, name) for name in RELEASED[app_label]
     ]
     initial = loader.disk_migrations[app_label, "0001_initial"]
     # Its own name is the history's first: listed in replaces, Django would drop it.
@@ -163,9 +170,12 @@ def test_a_database_migrated_through_the_development_history_is_up_to_date(app_l
 
     executor = MigrationExecutor(connection)
 
-    assert (app_label, "0001_initial") in executor.loader.graph.leaf_nodes(app_label)
     assert (app_label, "0001_initial") in executor.loader.applied_migrations
-    assert executor.migration_plan(executor.loader.graph.leaf_nodes()) == []
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    # What came after the squash, and nothing else, remains to apply.
+    assert [(m.app_label, m.name) for m, _ in plan] == [
+        (app_label, name) for name in RELEASED[app_label][1:]
+    ]
 
 
 @pytest.mark.django_db(transaction=True)

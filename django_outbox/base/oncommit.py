@@ -59,3 +59,12 @@ def on_commit_once(
     if collect:
         once.items.append(item)
     transaction.on_commit(once, using=using)
+
+
+def registered(key: Hashable, *, using: str) -> bool:
+    """Whether the current transaction on *using* has an action registered by
+    :func:`on_commit_once` under *key* (False outside a transaction)."""
+    connection = connections[using]
+    return connection.in_atomic_block and any(
+        isinstance(entry[1], _Once) and entry[1].key == key for entry in connection.run_on_commit
+    )

@@ -3,11 +3,14 @@
 ``publish()`` is on the hot path of the application's own transactions, so it costs one
 INSERT and nothing else: the payload is checked and serialized once, and the row is
 written with a single vendor statement instead of a model save (no model signals are
-sent for ``OutboxEvent``). On PostgreSQL the same statement asks whether a run of the
-stream is in flight; when one is, the commit needs no wake of its own
-(:mod:`django_outbox.streams.sql.wake_guard`). ``apublish()`` and ``apublish_many()`` are the same
-for async code: they run the sync functions in the thread Django's ORM uses for the
-caller's thread-sensitive work, so they join whatever that thread's connection is doing.
+sent for ``OutboxEvent``). On PostgreSQL the same statement also wakes the stream: a run
+in flight takes the row, or (with django-q2's ORM broker on the stream's database) it
+queues the stream's wake for a worker, committed with the row; either way the commit
+needs no wake of its own (:mod:`django_outbox.streams.sql.wake_guard`).
+
+``apublish()`` and ``apublish_many()`` are the same for async code: they run the sync
+functions in the thread Django's ORM uses for the caller's thread-sensitive work, so
+they join whatever that thread's connection is doing.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from django_outbox.base.tracing import current_traceparent
 from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.models.buffer import MAX_ORDER_KEY_LENGTH, OutboxEvent
-from django_outbox.streams.run import wake
+from django_outbox.streams.run import covered_since, wake, wake_job
 from django_outbox.streams.sql import buffer_ops
+from django_outbox.transport import handoff
 
 __all__ = [
     "apublish",
@@ -115,9 +119,16 @@ def publish(stream: str, payload: Any) -> int:
     payload_json = _dumps(stream, payload)
     key = _order_key(config, payload)
     ops = buffer_ops(OutboxEvent, alias=config.alias)
+    alias = ops.connection.alias
+    job = wake_job(config) if ops.wake_guarded else None
+    row = handoff.queue_row(job, alias) if job is not None else None
     started = time.monotonic()
-    event_id, guarded = ops.insert_event_guarded(stream, payload_json, current_traceparent(), key)
-    wake(stream, using=ops.connection.alias, guarded_since=started if guarded else None)
+    event_id, answer = ops.insert_event_guarded(
+        stream, payload_json, current_traceparent(), key, wake=row
+    )
+    if answer > 0 and job is not None:
+        handoff.queued(job)  # the statement queued the wake: the next one signs another
+    wake(stream, using=alias, guarded_since=covered_since(answer, started))
     return event_id
 
 

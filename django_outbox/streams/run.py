@@ -8,6 +8,9 @@ the same worker, processes it, and goes on while rows are waiting:
   ``save()`` and ``bulk_create()`` of a buffer model, replayed dead letters. A wake
   with no run in flight claims a group and enqueues a run for it, in one transaction
   (with the ORM broker the job commits with the claim: exactly-once hand-off).
+  ``publish()`` on PostgreSQL needs no wake after its commit: its INSERT finds the run
+  in flight that takes the row, or queues the stream's wake for a worker, committed
+  with the row (:func:`run_woken`; :mod:`django_outbox.streams.sql.wake_guard`).
 * **Continue.** After each group the run claims again while its last claim was full
   (more rows are probably waiting) or a commit *wanted* it (a wake that found a run in
   flight raises the stream's ``wanted`` flag instead of starting another run). A full
@@ -38,10 +41,10 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models.functions import Now
 
-from django_outbox.base.oncommit import on_commit_once
+from django_outbox.base.oncommit import on_commit_once, registered
 from django_outbox.base.routing import connection_for
 from django_outbox.base.transient import outlast_outage, retry_transient
 from django_outbox.conf import (
@@ -64,6 +67,7 @@ from django_outbox.streams.rescue import requeue_due_groups
 from django_outbox.streams.sql import stream_buffer
 from django_outbox.streams.sql.base import Claimed
 from django_outbox.streams.sql.run import (
+    ask_wake_guard,
     publishers_done,
     raise_wake_epoch,
     runs_in_flight,
@@ -72,11 +76,15 @@ from django_outbox.streams.sql.run import (
 from django_outbox.streams.sql.wake_guard import (
     LONG_TRANSACTION_SECONDS,
     PUBLISHERS_WAIT_SECONDS,
+    QUEUED,
+    SKIP,
+    guarded,
     relied_on_recently,
 )
 from django_outbox.transport import handoff
 
 __all__ = [
+    "run_woken",
     "wait_for_publishers",
     "wake",
 ]
@@ -346,6 +354,25 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
     )
 
 
+def wake_job(config: StreamConfig) -> handoff.Job:
+    """The stream's wake, for a statement to queue when no run is in flight."""
+    return handoff.Job(
+        handoff.WAKE,
+        (config.name,),
+        config.cluster,
+        options={"task_name": f"django_outbox wake {config.name}"},
+    )
+
+
+def covered_since(answer: int, started: float) -> float | None:
+    """What the wake guard's *answer* means for the commit's wake (the *guarded_since* of
+    :func:`wake`): covered for good by the wake the statement queued, covered by a run
+    (or a queued wake) in flight since *started*, or not covered."""
+    if answer > 0:
+        return QUEUED
+    return started if answer == SKIP else None
+
+
 @on_stream_database
 def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
     """The commit's wake: none when a run in flight waits for every row it wrote."""
@@ -360,8 +387,14 @@ def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
 class _Run:
     """One run's loop; keeps the stream's state row for up to ``RECHECK_SECONDS``."""
 
-    def __init__(self, config: StreamConfig, budget: float) -> None:
+    def __init__(
+        self,
+        config: StreamConfig,
+        budget: float,
+        first: tuple[ClaimResult, StreamState] | None = None,
+    ) -> None:
         self.config = config
+        self.first = first  # a claim made before the loop, and the state it read
         self.stream = config.name
         self.deadline = time.monotonic() + budget
         self.state: StreamState | None = None
@@ -371,6 +404,10 @@ class _Run:
     def next_group(self, *, full: bool) -> ClaimResult | None:
         """Claim this run's next group, or return None when the run ends here."""
         now = time.monotonic()
+        if self.first is not None:
+            (claim, first_state), self.first = self.first, None
+            self.state, self.state_read_at = first_state, now
+            return self._took(claim, first_state, now)
         state: StreamState | None
         if full and self.state is not None and now - self.state_read_at < RECHECK_SECONDS:
             state = self.state
@@ -394,7 +431,11 @@ class _Run:
                 # itself; a group queued for the lost job is handed over again later.
                 logger.warning("Could not hand the run of %s over; it goes on", self.stream)
                 self.deadline = now + RUN_SECONDS
-        claim = claim_group(self.stream, run_here=True, state=state)
+        return self._took(claim_group(self.stream, run_here=True, state=state), state, now)
+
+    def _took(self, claim: ClaimResult, state: StreamState, now: float) -> ClaimResult | None:
+        """After this run's claim: the floor's step, then more runs after a full claim,
+        or the run's end after an empty one."""
         self._advance_floor(claim, state)
         if not claim.claimed_any:
             return self._last_claim()
@@ -433,14 +474,13 @@ class _Run:
     def _last_claim(self) -> ClaimResult | None:
         """The run is ending: wait for the publishers that relied on it, claim once more.
 
-        ``publish()`` on PostgreSQL skips its wake while a run is in flight
-        (:mod:`django_outbox.streams.sql.wake_guard`). Raising the epoch makes later publishers
-        wake the stream themselves; the ones that skipped under the old epoch are
-        waited for (at most ``PUBLISHERS_WAIT_SECONDS``), and one more claim takes
-        what they committed. Returns that claim when it took rows (the run goes on).
+        ``publish()`` and the ORM's writes of buffer rows on PostgreSQL skip their wake
+        while a run is in flight (:mod:`django_outbox.streams.sql.wake_guard`).
+        Raising the epoch makes later publishers wake the stream themselves; the ones
+        that skipped under the old epoch are waited for (at most
+        ``PUBLISHERS_WAIT_SECONDS``), and one more claim takes what they committed.
+        Returns that claim when it took rows (the run goes on).
         """
-        if not self.config.is_generic:
-            return None  # only publish() skips its wake: nobody relies on this run
         epoch = self._outlasting(partial(raise_wake_epoch, self.stream), "a run's end")
         if epoch is None:
             return None
@@ -533,16 +573,21 @@ def wait_for_publishers(done: Callable[[], bool], name: str) -> bool:
 
 @on_stream_database
 def run_stream(
-    stream: str, group_id: uuid.UUID | str | None = None, *, budget: float = RUN_SECONDS
+    stream: str,
+    group_id: uuid.UUID | str | None = None,
+    *,
+    budget: float = RUN_SECONDS,
+    first: tuple[ClaimResult, StreamState] | None = None,
 ) -> list[AttemptOutcome]:
-    """Run the stream's loop: process *group_id* (if given), then claim and process on.
+    """Run the stream's loop: process *group_id* (if given), then claim and process on;
+    *first*: the loop's first claim, made already (:func:`run_woken`).
 
     Returns the outcome of each group this job processed. A duplicate delivery of a job
     whose group is running elsewhere or done does nothing. A group handed back to the
     queue (a handler's pause, the stream's rate budget) ends the run.
     """
     config = get_stream(stream)
-    loop = _Run(config, budget)
+    loop = _Run(config, budget, first)
     outcomes: list[AttemptOutcome] = []
     if group_id is not None:
         outcome = process_group(stream, group_id, fill=loop.fill)
@@ -560,6 +605,36 @@ def run_stream(
         # claim again, until a claim finds nothing (django_outbox.streams.ordering).
         full = claim.full or config.ordered
     return outcomes
+
+
+@on_stream_database
+def run_woken(stream: str) -> list[AttemptOutcome]:
+    """Run *stream* in this worker: the wake a ``publish()`` queued in its own INSERT
+    because no run was in flight (:mod:`django_outbox.streams.sql.wake_guard`).
+
+    As :func:`wake_now` decides, under the stream's state-row lock: a paused stream (or
+    one ahead of its rate budget) starts nothing; a run in flight meanwhile gets the
+    stream's ``wanted`` flag and takes the rows; else this worker claims and runs the
+    loop itself. Its run ends as every run does, waiting for the publishers that relied
+    on it (or on this wake, while it waited untaken) and claiming once more; so an empty
+    first claim, the rows' transaction not yet visible here, still ends that way.
+    """
+    config = get_stream(stream)
+    alias = connection_for(StreamState).alias
+
+    def decide() -> tuple[ClaimResult, StreamState] | None:
+        with transaction.atomic(using=alias):
+            state, _ = StreamState.objects.select_for_update().get_or_create(stream=stream)
+            if state.paused or not admits(config, state, calls_next=True):
+                return None
+            if runs_in_flight(stream):
+                if not state.wanted:
+                    StreamState.objects.filter(stream=stream).update(wanted=True)
+                return None
+            return claim_group(stream, run_here=True, state=state), state
+
+    first = retry_transient(decide, alias, what=f"wake of stream {stream}")
+    return [] if first is None else run_stream(stream, first=first)
 
 
 def _drop_unstarted_reservations(stream: str) -> int:
@@ -586,9 +661,36 @@ def _wake_on_save(
 ) -> None:
     if created and isinstance(instance, BufferEvent):
         for stream in _streams_of(sender, [instance], using):
-            wake(stream, using=using)
+            _wake_on_write(stream, using)
 
 
 def _wake_on_bulk_create(sender: type[Any], objs: list[Any], using: str, **kwargs: Any) -> None:
     for stream in _streams_of(sender, objs, using):
+        _wake_on_write(stream, using)
+
+
+def _wake_on_write(stream: str, using: str) -> None:
+    """The wake of buffer rows the ORM wrote on *using*.
+
+    In a transaction on the stream's PostgreSQL database, the stream's first write asks
+    the wake guard in a statement of its own, as ``publish()`` does in its INSERT: a run
+    in flight takes the rows, or the statement queues the stream's wake (django-q2's
+    ORM broker), so the commit needs no wake; the transaction's later writes add
+    nothing (the first one's answer covers them all: a queued wake commits with them,
+    and an ending run waits for the transaction's end). Otherwise (autocommit, SQLite,
+    another database) the commit wakes the stream.
+    """
+    config = get_stream(stream)
+    connection = connections[using]
+    if not (connection.in_atomic_block and config.alias == using and guarded(connection)):
         wake(stream, using=using)
+        return
+    if registered(("django_outbox.wake", stream), using=using):
+        return  # asked (or woken) for this transaction already
+    job = wake_job(config)
+    row = handoff.queue_row(job, using)
+    started = time.monotonic()
+    answer = ask_wake_guard(connection, stream, row)
+    if answer > 0:
+        handoff.queued(job)
+    wake(stream, using=using, guarded_since=covered_since(answer, started))

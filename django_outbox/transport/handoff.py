@@ -20,12 +20,14 @@ when it is due, as before.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from uuid import uuid4
 
 from django.conf import settings
 from django.db import transaction
@@ -45,6 +47,7 @@ from django_outbox.models.groups import OutboxGroup
 DISTRIBUTE = "django_outbox.tasks.distribute"
 RUN = "django_outbox.tasks.run"
 RETRY = "django_outbox.tasks.retry"
+WAKE = "django_outbox.tasks.wake"
 
 
 @dataclass(frozen=True)
@@ -205,11 +208,15 @@ def _sync_mode() -> bool:
 def _package(job: Job) -> str:
     """Build and sign a task package the way ``django_q.tasks.async_task`` does."""
 
-    name, task_id = uuid()
+    name = job.options.get("task_name")
+    if name:
+        task_id = uuid4().hex  # (the humanized name django-q2 would derive is not needed)
+    else:
+        name, task_id = uuid()
     task: dict[str, Any] = {
         **job.options,
         "id": task_id,
-        "name": job.options.get("task_name") or name,
+        "name": name,
         "func": job.func,
         "args": job.args,
         "kwargs": job.kwargs,
@@ -270,13 +277,29 @@ def _send(jobs: list[Job]) -> None:
     for job in jobs:
         by_cluster[job.cluster or Conf.CLUSTER_NAME].append(_package(job))
     for cluster, packages in by_cluster.items():
-        broker = get_broker(cluster)
+        broker = _broker(cluster)
         push_many = _bulk_push(broker)
         if push_many is not None:
             push_many(packages)
         else:
             for package in packages:
                 broker.enqueue(package)
+
+
+_brokers: dict[tuple[int, str | None], Any] = {}
+_brokers_lock = threading.Lock()
+
+
+def _broker(cluster: str | None) -> Any:
+    """The cluster's broker, one per process: ``get_broker()`` builds a new client (with
+    Redis, a new connection: about 3.6 ms, against 0.2 ms for a push on an open one).
+    Keyed by the process id, so a forked worker opens its own."""
+    key = (os.getpid(), cluster)
+    with _brokers_lock:
+        broker = _brokers.get(key)
+        if broker is None:
+            broker = _brokers[key] = get_broker(cluster)
+    return broker
 
 
 def _bulk_push(broker: Any) -> Any:

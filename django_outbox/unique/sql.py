@@ -9,7 +9,6 @@ transactions) already serializes them.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -34,14 +33,6 @@ PENDING, RUNNING, PROCESSED = "pending", "running", "processed"
 UNSTARTED_SQL = f"(state = '{PENDING}' OR (started_at IS NULL AND state = '{RUNNING}'))"
 #: First key of the advisory lock of a dispatch (the second is the kind's table).
 ADVISORY_NAMESPACE = 7_270_001
-
-
-#: The id and payload digest of the last wake each (database alias, kind, cluster key)
-#: queued from this process: while that django-q2 task waits untaken, an enqueue relies
-#: on it under the wake guard instead of queueing another (one wake per process for a
-#: burst of enqueues before a worker takes it). A value from a transaction that rolled
-#: back, or a task taken since, is simply not found.
-_QUEUED_WAKES: dict[tuple[str, str, str], tuple[int, str]] = {}
 
 
 def new_token() -> int:
@@ -209,17 +200,14 @@ class JobTable:
                 f", {wake_guard.JOB_FUNCTION}(%s, %s, %s, %s::bigint, %s::text, %s::text, %s::text)"
             )
             params += [self.model._meta.label, self.table, self.options.concurrency]
-            last_id, last_digest = _QUEUED_WAKES.get(queued_key, (None, None))
+            last_id, last_digest = wake_guard.last_queued(queued_key)
             params += [last_id, last_digest, *(wake or (None, None))]
         found = self._rows(sql, params)
-        answer = found[0][-1] if guard and found else wake_guard.JOB_WAKE_AFTER_COMMIT
-        self.guarded = answer == wake_guard.JOB_SKIP
+        answer = found[0][-1] if guard and found else wake_guard.WAKE_AFTER_COMMIT
+        self.guarded = answer == wake_guard.SKIP
         self.woke = answer > 0
         if self.woke and wake is not None:
-            _QUEUED_WAKES[queued_key] = (
-                answer,
-                hashlib.md5(wake[1].encode(), usedforsecurity=False).hexdigest(),
-            )
+            wake_guard.remember_queued(queued_key, answer, wake[1])
         if guard:
             found = [row[:-1] for row in found]
         if returning is not None:

@@ -44,6 +44,14 @@ def test_clean(seed):
     run_scenario(PROFILES["clean"], seed)
 
 
+@pytest.mark.parametrize("seed", range(int(os.environ.get("OUTBOX_HARNESS_CI_RUNS", "8"))))
+def test_queued_wakes(seed):
+    """Jobs through django-q2's queue table: publish() queues its stream's wake in its
+    INSERT, later publishes rely on it while untaken, workers take wakes and runs from
+    the table; every invariant holds."""
+    run_scenario(PROFILES["queued_wake"], seed)
+
+
 # -- the seeds that found a defect ------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from django_outbox.models import ArchivedEvent, JobState, OutboxEvent, OutboxGro
 from django_outbox.streams import run
 from django_outbox.streams.sql import buffer_ops
 from django_outbox.streams.sql.wake_guard import LONG_TRANSACTION_SECONDS as LONG_SECONDS
+from django_outbox.streams.sql.wake_guard import SKIP, WAKE_AFTER_COMMIT
 from django_outbox.streams.steer import set_paused
 from django_outbox.transport import handoff
 from django_outbox.unique import enqueue
@@ -194,16 +195,17 @@ def test_the_guard_lets_no_publisher_skip_outside_read_committed_or_on_a_paused_
     ops = buffer_ops(OutboxEvent)
 
     with transaction.atomic():
-        assert ops.insert_event_guarded("audit", "{}")[1] is True
+        assert ops.insert_event_guarded("audit", "{}")[1] == SKIP
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        assert ops.insert_event_guarded("audit", "{}")[1] is False
+        assert ops.insert_event_guarded("audit", "{}")[1] == WAKE_AFTER_COMMIT
     set_paused("audit", True)
     with transaction.atomic():
-        assert ops.insert_event_guarded("audit", "{}")[1] is False
+        assert ops.insert_event_guarded("audit", "{}")[1] == WAKE_AFTER_COMMIT
     with transaction.atomic():
-        assert ops.insert_event_guarded("other-stream", "{}")[1] is False  # no state row
+        # No state row:
+        assert ops.insert_event_guarded("other-stream", "{}")[1] == WAKE_AFTER_COMMIT
 
 
 @override_settings(**SMALL)
@@ -426,13 +428,13 @@ def test_a_transaction_holds_one_guard_lock_per_stream_however_often_runs_end(pa
     ops = buffer_ops(OutboxEvent)
 
     with transaction.atomic():
-        assert ops.insert_event_guarded("audit", "{}")[1] is True
-        assert ops.insert_event_guarded("audit", "{}")[1] is True  # the same epoch
+        assert ops.insert_event_guarded("audit", "{}")[1] == SKIP
+        assert ops.insert_event_guarded("audit", "{}")[1] == SKIP  # the same epoch
         for _ in range(5):
             elsewhere(lambda: run.raise_wake_epoch("audit"))  # a run ends elsewhere
             # The lock it holds no longer covers a run: this write wakes after commit,
             # and takes no second lock.
-            assert ops.insert_event_guarded("audit", "{}")[1] is False
+            assert ops.insert_event_guarded("audit", "{}")[1] == WAKE_AFTER_COMMIT
         assert guard_locks() == 1
 
 
@@ -462,6 +464,177 @@ def test_a_transaction_older_than_the_long_bound_takes_no_guard_lock():
                 )
                 if cursor.fetchone()[0] or time.monotonic() > deadline:
                     break
-        assert ops.insert_event_guarded("audit", "{}")[1] is False  # it wakes after commit
+        # It wakes after commit:
+        assert ops.insert_event_guarded("audit", "{}")[1] == WAKE_AFTER_COMMIT
         ThrottledJob.enqueue(key="late")
         assert guard_locks() == 0
+
+
+# -- an idle stream: publish() queues the stream's wake in its own INSERT --------------
+
+
+def queued_wakes() -> list[dict]:
+    """The packages of the stream wakes waiting in django-q2's queue table."""
+    tasks = [SignedPackage.loads(row.payload) for row in OrmQ.objects.order_by("id")]
+    return [task for task in tasks if task["func"] == handoff.WAKE]
+
+
+def run_woken_all(args: tuple) -> list[str]:
+    """Run the wake a worker took, and the runs it hands to other workers."""
+    with handoff.capture() as handed:
+        outcomes = [outcome.value for outcome in run.run_woken(*args)]
+    for job in handed:
+        assert job.func == handoff.RUN
+        outcomes += [outcome.value for outcome in job.run()]
+    return outcomes
+
+
+@override_settings(**SMALL)
+def test_a_publish_on_an_idle_stream_queues_its_wake_in_its_own_insert():
+    """With the ORM broker on the stream's database, the request's only statement is its
+    INSERT, which also queues the stream's wake; nothing runs after the commit."""
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            publish("audit", {"n": 1})
+
+    statements = statements_of(queries)
+    assert len(statements) == 1 and statements[0].startswith("INSERT"), statements
+    after = queries.captured_queries[[q["sql"] for q in queries].index("COMMIT") + 1 :]
+    assert not after
+    (task,) = queued_wakes()
+    assert task["args"] == ("audit",)
+    assert not OutboxGroup.objects.exists()  # nothing claimed in the request
+
+    take(OrmQ.objects.get())  # a worker takes it
+    assert run_woken_all(task["args"]) == ["done"]
+    assert list(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [1]
+
+
+@override_settings(**SMALL)
+def test_a_rolled_back_publish_queues_no_wake():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        publish("audit", {"n": 1})
+        raise RuntimeError("the request failed")
+    assert not OrmQ.objects.exists() and not OutboxEvent.objects.exists()
+
+
+@override_settings(**SMALL)
+def test_publishes_while_the_wake_waits_untaken_rely_on_it_and_queue_no_other():
+    with transaction.atomic():
+        publish("audit", {"n": 0})
+    for n in (1, 2):
+        with CaptureQueriesContext(connection) as queries:
+            with transaction.atomic():
+                publish("audit", {"n": n})
+        assert len(statements_of(queries)) == 1, statements_of(queries)
+        after = queries.captured_queries[[q["sql"] for q in queries].index("COMMIT") + 1 :]
+        assert not after  # the queued wake will take the row
+    (task,) = queued_wakes()
+
+    take(OrmQ.objects.get())
+    assert run_woken_all(task["args"]) == ["done"]  # one group of the three rows
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1, 2]
+
+
+@override_settings(**SMALL)
+def test_a_publish_after_the_wake_was_taken_queues_a_wake_of_its_own():
+    with transaction.atomic():
+        publish("audit", {"n": 0})
+    take(OrmQ.objects.get())  # taken: its worker may have run the stream already
+    with transaction.atomic():
+        publish("audit", {"n": 1})
+    assert len(queued_wakes()) == 2
+    assert len({task["id"] for task in queued_wakes()}) == 2  # two tasks, not one twice
+
+
+@override_settings(**SMALL)
+def test_a_wake_taken_while_a_run_is_in_flight_leaves_the_rows_to_that_run():
+    with transaction.atomic():
+        publish("audit", {"n": 0})
+    (task,) = queued_wakes()
+    job = a_run_in_flight()  # another process's run started meanwhile (captured)
+
+    take(OrmQ.objects.get())
+    assert run.run_woken(*task["args"]) == []  # no second run: the one in flight goes on
+    assert StreamState.objects.get(stream="audit").wanted
+    with handoff.capture():
+        assert len(job.run()) == 1  # the group of both rows
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 0]
+
+
+@override_settings(**SMALL)
+def test_the_worker_that_took_the_wake_waits_for_a_publisher_that_relied_on_it(
+    waiting_run, patient
+):
+    """A publisher found the wake untaken and relied on it; the worker took the wake and
+    ran before that publisher committed. Its run's end waits for the publisher and takes
+    its row (without the wait the row would be left to the schedule)."""
+    with transaction.atomic():
+        publish("audit", {"n": 0})
+    publisher = Publisher(1, commit_when=lambda: waiting_run.wait(WAIT), capture=False)
+    publisher.start()
+    assert publisher.published.wait(WAIT)  # inserted, relying on the untaken wake
+    (task,) = queued_wakes()
+    take(OrmQ.objects.get())
+
+    outcomes = run_woken_all(task["args"])  # n=0; then, once committed, n=1
+    publisher.join(WAIT)
+    assert not publisher.errors
+    assert waiting_run.is_set()  # the run found the publisher in flight and waited
+    assert publisher.after_commit_queries == 0
+    assert len(queued_wakes()) == 1  # no other wake queued
+    assert outcomes == ["done", "done"]
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
+
+
+# -- rows the ORM writes: the first write of a transaction asks the guard --------------
+
+
+@override_settings(**SMALL)
+def test_orm_writes_on_an_idle_stream_queue_one_wake_and_nothing_runs_after_commit():
+    """create() and bulk_create() of buffer rows in a transaction: the stream's first
+    write asks the guard in one statement (it queues the wake), the others add nothing."""
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            OutboxEvent.objects.create(stream="audit", payload={"n": 0})
+            OutboxEvent.objects.create(stream="audit", payload={"n": 1})
+            OutboxEvent.objects.bulk_create([OutboxEvent(stream="audit", payload={"n": 2})])
+
+    statements = statements_of(queries)
+    assert [s.split()[0] for s in statements] == ["INSERT", "SELECT", "INSERT", "INSERT"]
+    after = queries.captured_queries[[q["sql"] for q in queries].index("COMMIT") + 1 :]
+    assert not after
+    (task,) = queued_wakes()
+    take(OrmQ.objects.get())
+    assert run_woken_all(task["args"]) == ["done"]
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1, 2]
+
+
+@override_settings(**SMALL)
+def test_an_orm_write_while_a_run_is_in_flight_skips_its_wake(waiting_run, patient):
+    job = a_run_in_flight()
+
+    class Writer(Publisher):
+        def write(self) -> None:
+            OutboxEvent.objects.create(stream="audit", payload={"n": self.n})
+
+    writer = Writer(1, commit_when=lambda: waiting_run.wait(WAIT), capture=False)
+    writer.start()
+    assert writer.published.wait(WAIT)
+    with handoff.capture():
+        outcomes = job.run()  # the queued group, then the writer's row once committed
+    writer.join(WAIT)
+
+    assert not writer.errors
+    assert writer.after_commit_queries == 0 and not queued_wakes()
+    assert len(outcomes) == 2
+    assert sorted(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [0, 1]
+
+
+@override_settings(**SMALL)
+def test_an_orm_write_in_autocommit_wakes_the_stream_at_once():
+    with handoff.capture() as jobs:
+        OutboxEvent.objects.create(stream="audit", payload={"n": 0})
+    (job,) = run_jobs_of(jobs)  # the commit's wake claimed a group and queued its run
+    with handoff.capture():
+        assert len(job.run()) == 1

@@ -99,3 +99,35 @@ def test_a_job_due_later_is_dropped_by_a_broker_that_cannot_hold_it_back():
             handoff.submit([later_job(30)])
     send.assert_not_called()
     assert not OrmQ.objects.exists()
+
+
+def test_jobs_sent_after_commit_reuse_one_broker_client_per_process(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    """A broker that is not the ORM (Redis) gets every push through one client per
+    process and cluster, not a new connection per commit; a forked worker opens its own."""
+    built: list[str | None] = []
+
+    class Broker:
+        def __init__(self, cluster: str | None) -> None:
+            self.pushed: list[str] = []
+
+        def enqueue(self, package: str) -> None:
+            self.pushed.append(package)
+
+    def get_broker(cluster: str | None = None) -> Broker:
+        built.append(cluster)
+        return Broker(cluster)
+
+    monkeypatch.setattr(handoff, "get_broker", get_broker)
+    monkeypatch.setattr(handoff, "_brokers", {})
+    with mock.patch.object(handoff, "_orm_broker_alias", return_value=None):
+        for _ in range(3):
+            with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+                handoff.submit([handoff.Job("django_outbox.tasks.distribute", ())])
+        assert built == ["outbox-tests"]  # one client for three commits (the cluster's queue)
+        with mock.patch.object(handoff.os, "getpid", return_value=-1):  # a forked child
+            with django_capture_on_commit_callbacks(execute=True):
+                handoff.submit([handoff.Job("django_outbox.tasks.distribute", ())])
+    assert built == ["outbox-tests", "outbox-tests"]
+    assert [len(b.pushed) for b in handoff._brokers.values()] == [3, 1]

@@ -16,6 +16,7 @@ from django.db.models.sql import DeleteQuery
 from django_outbox.base.dialect import column_name, concrete_field, dialect_of
 from django_outbox.models.archive import ArchivedEvent
 from django_outbox.models.state import StreamState
+from django_outbox.streams.sql import wake_guard
 
 if TYPE_CHECKING:
     from django_outbox.streams.sql.ordered import OrderedSQL
@@ -258,16 +259,26 @@ class BufferOps:
         assert row is not None
         return int(row[0])
 
+    @property
+    def wake_guarded(self) -> bool:
+        """Whether :meth:`insert_event_guarded` asks the wake guard (PostgreSQL, the
+        stream's state on the buffer's database): only then may it queue a wake."""
+        return False
+
     def insert_event_guarded(
         self,
         stream: str,
         payload_json: str,
         trace_context: str | None = None,
         order_key: str | None = None,
-    ) -> tuple[int, bool]:
-        """Insert one row into the generic buffer; return its id and whether the commit
-        may skip the wake (:mod:`django_outbox.streams.sql.wake_guard`). One statement."""
-        return self.insert_event(stream, payload_json, trace_context, order_key), False
+        wake: tuple[str, str] | None = None,
+    ) -> tuple[int, int]:
+        """Insert one row into the generic buffer, in one statement; return its id and
+        the wake guard's answer (:mod:`django_outbox.streams.sql.wake_guard`): ``SKIP``,
+        ``WAKE_AFTER_COMMIT``, or the queue row id of the wake *wake* (a cluster key and
+        a signed package) that the statement queued."""
+        event_id = self.insert_event(stream, payload_json, trace_context, order_key)
+        return event_id, wake_guard.WAKE_AFTER_COMMIT
 
     @staticmethod
     def event_columns(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from functools import cached_property
 from typing import Any
 
 from django.db.models import QuerySet
@@ -54,24 +55,30 @@ class PostgresBufferOps(BufferOps):
             update_params,
         )
 
+    @cached_property
+    def wake_guarded(self) -> bool:
+        return connection_for(StreamState) is self.connection
+
     def insert_event_guarded(
         self,
         stream: str,
         payload_json: str,
         trace_context: str | None = None,
         order_key: str | None = None,
-    ) -> tuple[int, bool]:
-        if connection_for(StreamState) is not self.connection:
+        wake: tuple[str, str] | None = None,
+    ) -> tuple[int, int]:
+        if not self.wake_guarded:
             return super().insert_event_guarded(stream, payload_json, trace_context, order_key)
         columns, values, params = self.event_columns(trace_context, order_key)
+        call, call_params, key = wake_guard.stream_call(self.connection.alias, stream, wake)
         row = self.fetchone(
             f"INSERT INTO {self.table} (created_at, stream, payload{columns}) "
             f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{values}) "
-            f"RETURNING id, {wake_guard.FUNCTION}(%s)",
-            [stream, payload_json, *params, stream],
+            f"RETURNING id, {call}",
+            [stream, payload_json, *params, *call_params],
         )
         assert row is not None
-        return int(row[0]), bool(row[1])
+        return int(row[0]), wake_guard.answered(key, int(row[1]), wake)
 
     def ordered_claim_sql(self, floor: int) -> tuple[str, list[Any]]:
         update, params = super().ordered_claim_sql(floor)

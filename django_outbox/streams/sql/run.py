@@ -85,3 +85,16 @@ def publishers_done(stream: str, epoch: int) -> bool:
     """Whether every publisher that skipped its wake under *epoch* has ended."""
 
     return wake_guard.publishers_done(connection_for(StreamState), stream, epoch)
+
+
+def ask_wake_guard(
+    connection: BaseDatabaseWrapper, stream: str, wake: tuple[str, str] | None
+) -> int:
+    """Ask the wake guard in a statement of its own, for rows of *stream* the ORM wrote
+    in the current transaction on *connection* (PostgreSQL); its answer
+    (:mod:`django_outbox.streams.sql.wake_guard`)."""
+    call, params, key = wake_guard.stream_call(connection.alias, stream, wake)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {call}", params)
+        row = cursor.fetchone()
+    return wake_guard.answered(key, int(row[0]), wake)
