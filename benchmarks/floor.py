@@ -29,10 +29,14 @@ MOVE = (
 )
 
 
-def work(conninfo: dict[str, Any], stream: str, batch_size: int, start: Any, results: Any) -> None:
-    """Drain *stream*; put the number of events this worker moved on *results*."""
+def work(
+    conninfo: dict[str, Any], stream: str, batch_size: int, start: Any, results: Any, ready: Any
+) -> None:
+    """Once connected, release *ready* and wait for *start*; drain *stream*; put the
+    number of events this worker moved on *results*."""
     moved = 0
     with psycopg.connect(autocommit=True, **conninfo) as conn:
+        ready.release()
         start.wait()
         while True:
             group_id = uuid.uuid4()

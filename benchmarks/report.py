@@ -201,8 +201,88 @@ def throughput(report: dict[str, Any]) -> list[str]:
         "",
         f"B / A **{ratios['B/A']:g}{TIMES}**; B / C **{ratios['B/C']:g}** (median of "
         f"{len(ratios['B/C_runs'])} paired runs: {pairs}).",
+        *by_size(ratios),
         "",
         *bar_chart("Events per second, 2 workers each", "events/s", rates),
+    ]
+
+
+def by_size(ratios: dict[str, Any]) -> list[str]:
+    """B / C at each backlog the run paired them at, and its target (runs that record
+    them: ``B/C_by_events``, ``B/C_target``)."""
+    sizes = ratios.get("B/C_by_events")
+    if not sizes:
+        return []
+    rows = [
+        [
+            number(k["events"]),
+            " · ".join(number(r) for r in k["B_events_per_s"]),
+            " · ".join(number(r) for r in k["C_events_per_s"]),
+            f"**{k['B/C']:g}**",
+            ", ".join(f"{r:g}" for r in k["B/C_runs"]),
+        ]
+        for k in sizes.values()
+    ]
+    lines = [
+        "",
+        *table(
+            ["events", "B runs (events/s)", "C runs (events/s)", "B / C", "paired runs"],
+            "rllrl",
+            rows,
+        ),
+    ]
+    target = ratios.get("B/C_target")
+    if target and target["passed"] is not None:
+        verdict = "met" if target["passed"] else "**missed**"
+        lines += [
+            "",
+            f"B / C at {number(target['events'])} events: {target['median']:g} against the "
+            f"target of at least {target['at_least']:g} (median of pairs): {verdict}.",
+        ]
+    return lines
+
+
+BROKERS = {"orm": "ORM broker (PostgreSQL)", "redis": "Redis broker"}
+
+
+def first_call(report: dict[str, Any]) -> list[str]:
+    """Commit to the handler's first call on an idle stream, per broker (runs that
+    record it: ``first_call``)."""
+    brokers = report.get("first_call")
+    if not brokers:
+        return []
+    backlogs = [k["rows"] for k in next(iter(brokers.values()))["by_rows"].values()]
+    rows = []
+    for broker, measured in brokers.items():
+        name = BROKERS.get(broker, broker)
+        if measured.get("poll_s") is not None:
+            name += f", poll {measured['poll_s']:g} s"
+        largest = measured["by_rows"][str(backlogs[-1])]
+        cold = measured["cold"]
+        rows.append(
+            [
+                name,
+                *(seconds(measured["by_rows"][str(n)]["first_call_median_s"]) for n in backlogs),
+                seconds(largest["archived_median_s"]),
+                f"{seconds(cold['first_call_s'])}; {seconds(cold['archived_s'])}",
+                str(len(largest["first_call_runs_s"])),
+            ]
+        )
+    header = [
+        "commit → handler's first call (idle stream)",
+        *(f"{number(n)} row{'s' if n > 1 else ''}" for n in backlogs),
+        f"{number(backlogs[-1])} rows: all archived",
+        f"fresh cluster, {number(backlogs[-1])} rows: first call; all archived",
+        "samples",
+    ]
+    return [
+        "",
+        "From a commit to the stream's handler: one transaction commits to an idle stream of "
+        "a running cluster (2 workers); median of the samples. The first commit to a cluster "
+        "just started, whose workers have not run the stream's code yet, is apart: it is "
+        "the start B's clock covers.",
+        "",
+        *table(header, "l" + "r" * (len(header) - 1), rows),
     ]
 
 
@@ -254,6 +334,7 @@ def latency(report: dict[str, Any]) -> list[str]:
             "ms",
             [(p, round(trickle[f"{p}_s"] * 1000)) for p in ("p50", "p95", "p99", "max")],
         ),
+        *first_call(report),
     ]
 
 
@@ -474,11 +555,13 @@ def _tasks(r: dict[str, Any]) -> tuple[str, str, str]:
 
 def _pipeline(r: dict[str, Any]) -> tuple[str, str, str]:
     p99 = r["latency"]["trickle_300_per_s"]["p99_s"]
+    larger = [k for k in r.get("B/C_by_events", {}).values() if k["events"] != r["events"]]
     return (
         "`python3 dev.py bench --only-pipeline`",
         "",
         f"B / C {r['B/C']:g} (pairs {', '.join(f'{x:g}' for x in r['B/C_runs'])}); "
-        f"`publish()` {r['publish_overhead']['ratio']:g}{TIMES}; p99 at 300 events/s {p99:g} s",
+        + "".join(f"at {number(k['events'])} events {k['B/C']:g}; " for k in larger)
+        + f"`publish()` {r['publish_overhead']['ratio']:g}{TIMES}; p99 at 300 events/s {p99:g} s",
     )
 
 

@@ -150,15 +150,21 @@ def cluster(*, scheduler: bool = False, **env: str) -> Iterator[None]:
     """Run ``qcluster`` (2 workers, ORM broker) and wait until it takes jobs.
 
     With *scheduler* the cluster runs django-q2's schedules too, as in production; *env*
-    goes to the cluster's environment (``BENCH_*`` switches of the settings)."""
+    goes to the cluster's environment (``BENCH_*`` switches of the settings). Ready
+    means every worker has run a ping (:func:`benchmarks.tasks.ping_every_worker`): each
+    has connected to the database, as C's processes have when its clock starts."""
+    from django.conf import settings
+
     log = ROOT / "artifacts" / "bench-qcluster.log"
     log.parent.mkdir(exist_ok=True)
     with log.open("w") as out:
         process = start_django(["qcluster"], out, BENCH_SCHEDULER="1" if scheduler else "0", **env)
     try:
-        name = f"ready-{process.pid}"
-        async_task("benchmarks.tasks.ping", name, save=False)
-        wait_until(lambda: Marker.objects.filter(name=name).exists(), 60, "cluster start")
+        name, workers = f"ready-{process.pid}", settings.Q_CLUSTER["workers"]
+        for _ in range(workers):
+            async_task("benchmarks.tasks.ping_every_worker", name, workers, save=False)
+        pinged = Marker.objects.filter(name__startswith=f"{name} ")
+        wait_until(lambda: pinged.count() >= workers, 60, "cluster start")
         yield
     finally:
         stop([process])
@@ -308,15 +314,18 @@ def run_floor(events: int, workers: int = 2) -> Result:
     }
     conninfo = {k: v for k, v in conninfo.items() if v}
     context = multiprocessing.get_context("spawn")
-    start, results = context.Event(), context.Queue()
+    start, results, ready = context.Event(), context.Queue(), context.Semaphore(0)
     before = Counters.read()
     processes = [
-        context.Process(target=floor.work, args=(conninfo, STREAM, 1000, start, results))
+        context.Process(target=floor.work, args=(conninfo, STREAM, 1000, start, results, ready))
         for _ in range(workers)
     ]
     for process in processes:
         process.start()
-    time.sleep(1.0)  # let the workers connect: the clock covers the SQL work only
+    for _ in processes:  # every worker connected (on a busy machine 1 s may not be enough)
+        if not ready.acquire(timeout=60):
+            raise SystemExit("benchmark: C's workers did not connect within 60 s")
+    time.sleep(1.0)  # as B's cluster: the clock covers the SQL work only
     started = time.perf_counter()
     start.set()
     moved = sum(results.get(timeout=1800) for _ in processes)
@@ -635,48 +644,134 @@ def buffer_health() -> dict[str, int]:
 # -- main ---------------------------------------------------------------------------
 
 
-def paired_runs(events: int, repeat: int) -> tuple[Result, Result, list[float], Any, Any]:
-    """*repeat* runs of B, each followed by one of C: the median runs, the sorted paired
-    ratios B/C, and the last run's publish rates and buffer health."""
-    outbox_runs, floor_runs = [], []
+#: B/C is held to TARGET_B_OVER_C at TARGET_EVENTS events: at 20,000 the start of B's
+#: runs (the wake's claim, the broker's hand-off: benchmarks.first_call) is a visible share
+#: of its time, at 100,000 the pipeline's steady pace decides.
+TARGET_EVENTS = 100_000
+TARGET_B_OVER_C = 0.95
+
+
+@dataclass
+class Paired:
+    """B and C at one size: the median runs and the sorted paired ratios B/C."""
+
+    outbox: Result
+    floor: Result
+    ratios: list[float]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "events": self.outbox.events,
+            "B/C": round(statistics.median(self.ratios), 3),
+            "B/C_runs": [round(r, 3) for r in self.ratios],
+            "B_events_per_s": self.outbox.all_rates,
+            "C_events_per_s": self.floor.all_rates,
+        }
+
+
+def paired_runs(sizes: list[int], repeat: int) -> tuple[dict[int, Paired], Any, Any]:
+    """*repeat* rounds, each a run of B followed by one of C at every size of *sizes*
+    (so a slow minute on a shared machine hits every size alike): per size the median
+    runs and the paired ratios; the publish rates and buffer health of the last run of
+    the first size."""
+    outbox_runs: dict[int, list[Result]] = {size: [] for size in sizes}
+    floor_runs: dict[int, list[Result]] = {size: [] for size in sizes}
     for n in range(repeat):
-        outbox, publish_rates = run_outbox(events)
-        health = buffer_health()
-        outbox_runs.append(outbox)
-        floor_runs.append(run_floor(events))
-        print(
-            f"  run {n + 1}: B {outbox.rate:,.0f} events/s, C {floor_runs[-1].rate:,.0f} events/s",
-            flush=True,
+        for size in sizes:
+            outbox, rates = run_outbox(size)
+            if size == sizes[0]:
+                publish_rates, health = rates, buffer_health()
+            outbox_runs[size].append(outbox)
+            floor_runs[size].append(run_floor(size))
+            print(
+                f"  run {n + 1}, {size:,} events: B {outbox.rate:,.0f} events/s, "
+                f"C {floor_runs[size][-1].rate:,.0f} events/s, "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    paired = {
+        size: Paired(
+            median_run(outbox_runs[size]),
+            median_run(floor_runs[size]),
+            sorted(
+                b.rate / c.rate for b, c in zip(outbox_runs[size], floor_runs[size], strict=True)
+            ),
         )
-    paired = sorted(b.rate / c.rate for b, c in zip(outbox_runs, floor_runs, strict=True))
-    return median_run(outbox_runs), median_run(floor_runs), paired, publish_rates, health
+        for size in sizes
+    }
+    return paired, publish_rates, health
+
+
+def by_size(paired: dict[int, Paired]) -> dict[str, Any]:
+    """B/C at each size (JSON), and the target at :data:`TARGET_EVENTS`: its median,
+    and whether it passed (None when that size was not measured)."""
+    measured = paired.get(TARGET_EVENTS)
+    median = round(statistics.median(measured.ratios), 3) if measured else None
+    return {
+        "B/C_by_events": {str(size): p.summary() for size, p in paired.items()},
+        "B/C_target": {
+            "events": TARGET_EVENTS,
+            "at_least": TARGET_B_OVER_C,
+            "median": median,
+            "passed": None if median is None else median >= TARGET_B_OVER_C,
+        },
+    }
+
+
+def target_line(ratios: dict[str, Any]) -> str:
+    """The pass/fail line of B/C at :data:`TARGET_EVENTS`."""
+    target = ratios["B/C_target"]
+    head = f"B/C at {target['events']:,} events (target >= {target['at_least']})"
+    if target["passed"] is None:
+        return f"{head}: not measured (--events {' '.join(ratios['B/C_by_events'])})"
+    pairs = ratios["B/C_by_events"][str(target["events"])]["B/C_runs"]
+    verdict = "PASS" if target["passed"] else "FAIL"
+    return f"{verdict}: {head}: {target['median']} (median of pairs {pairs})"
 
 
 def pipeline(args: argparse.Namespace, path: Path) -> int:
-    """The stream pipeline's figures alone: B/C (median of the pairs), the publish
-    overhead and the commit-to-archive latency, as the full run measures them."""
-    outbox, floor_result, paired, _, _ = paired_runs(args.events, args.repeat)
+    """The stream pipeline's figures alone: B/C at each size (median of the pairs), the
+    first call after a commit, the publish overhead and the commit-to-archive latency,
+    as the full run measures them. Exits 1 when B/C misses its target."""
+    from benchmarks import first_call
+
+    load_before = os.getloadavg()[0]
+    paired, _, _ = paired_runs(args.events, args.repeat)
+    headline = paired[args.events[0]]
+    first_calls = first_call.both_brokers(args.first_call_samples, args.first_call_backlogs)
     overhead = publish_overheads(args.publish_transactions)
-    latencies = latency_runs(args.latency_seconds, args.idle_seconds, outbox.rate)
+    latencies = latency_runs(args.latency_seconds, args.idle_seconds, headline.outbox.rate)
+    sizes = by_size(paired)
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "events": args.events,
-        "B_events_per_s": outbox.all_rates,
-        "C_events_per_s": floor_result.all_rates,
-        "B/C": round(statistics.median(paired), 3),
-        "B/C_runs": [round(r, 3) for r in paired],
+        "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+        "events": args.events[0],
+        "B_events_per_s": headline.outbox.all_rates,
+        "C_events_per_s": headline.floor.all_rates,
+        "B/C": round(statistics.median(headline.ratios), 3),
+        "B/C_runs": [round(r, 3) for r in headline.ratios],
+        **sizes,
+        "first_call": first_calls,
         "publish_overhead": overhead,
         "latency": latencies,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
-    return 0
+    print(target_line(sizes))
+    return 0 if sizes["B/C_target"]["passed"] is not False else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=20_000, help="events for B and C")
+    parser.add_argument(
+        "--events",
+        type=int,
+        nargs="+",
+        default=[20_000, TARGET_EVENTS],
+        help="events of each paired run of B and C, at every size given (the first: the "
+        f"throughput table); B/C is held to {TARGET_B_OVER_C} at {TARGET_EVENTS:,}",
+    )
     parser.add_argument("--naive-events", type=int, default=2_000, help="events for A")
     parser.add_argument("--publish-transactions", type=int, default=2_000)
     parser.add_argument("--scale", type=int, nargs=2, default=[10_000, 1_000_000])
@@ -695,6 +790,16 @@ def main(argv: list[str] | None = None) -> int:
         help="group sizes in which one poison row is isolated",
     )
     parser.add_argument("--cluster-events", type=int, default=200_000, help="scale-out runs")
+    parser.add_argument(
+        "--first-call-samples", type=int, default=7, help="commits of each backlog (median)"
+    )
+    parser.add_argument(
+        "--first-call-backlogs",
+        type=int,
+        nargs="+",
+        default=[1, 20_000],
+        help="rows committed to an idle stream, timed until the handler's first call",
+    )
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     parser.add_argument(
         "--only-publish",
@@ -714,12 +819,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.smoke:
-        args.events, args.naive_events, args.publish_transactions = 2_000, 200, 200
+        args.events, args.naive_events, args.publish_transactions = [2_000, 10_000], 200, 200
         args.scale, args.repeat, args.staged_jobs = [10_000, 50_000], 1, 500
         args.unique_jobs, args.archive_rows = 500, 20_000
         args.latency_seconds, args.idle_seconds = 10.0, 10.0
         args.poison_groups = [100]
         args.cluster_events = 20_000
+        args.first_call_samples, args.first_call_backlogs = 2, [1, 2_000]
     if connection.vendor != "postgresql":
         raise SystemExit("The benchmark needs PostgreSQL: set BENCH_DATABASE_URL.")
     call_command("migrate", verbosity=0)
@@ -727,18 +833,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(publish_overhead(args.publish_transactions), indent=2))
         return 0
     if args.otel:
-        return otel_comparison(args.events, args.repeat, args.json.with_name("bench-otel.json"))
+        return otel_comparison(args.events[0], args.repeat, args.json.with_name("bench-otel.json"))
     if args.only_pipeline:
         return pipeline(args, args.json.with_name("bench-pipeline.json"))
+
+    from benchmarks import first_call
 
     print(f"django_outbox benchmark on {platform.node()}, {os.cpu_count()} cores", flush=True)
     load_before = os.getloadavg()[0]
     naive = run_naive(args.naive_events)
     print(f"  A done: {naive.rate:,.0f} events/s", flush=True)
-    outbox, floor_result, paired, publish_rates, health = paired_runs(args.events, args.repeat)
+    paired, publish_rates, health = paired_runs(args.events, args.repeat)
+    outbox, floor_result = paired[args.events[0]].outbox, paired[args.events[0]].floor
+    first_calls = first_call.both_brokers(args.first_call_samples, args.first_call_backlogs)
     overhead = publish_overheads(args.publish_transactions)
     small, large = (claim_latency(n) for n in args.scale)
-    statements = library_statements(min(args.events, 10_000))
+    statements = library_statements(min(args.events[0], 10_000))
     forwarding = staged_forwarding(args.staged_jobs)
     latencies = latency_runs(args.latency_seconds, args.idle_seconds, outbox.rate)
     unique_dispatch = measure_dispatch(args.unique_jobs)
@@ -775,9 +885,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "ratios": {
             "B/A": round(outbox.rate / naive.rate, 1),
-            "B/C": round(statistics.median(paired), 3),
-            "B/C_runs": [round(r, 3) for r in paired],
+            "B/C": round(statistics.median(paired[args.events[0]].ratios), 3),
+            "B/C_runs": [round(r, 3) for r in paired[args.events[0]].ratios],
+            **by_size(paired),
         },
+        "first_call": first_calls,
         "publish": {k: round(v) for k, v in publish_rates.items()},
         "publish_overhead": overhead,
         "claim_latency_ms": {
@@ -798,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     print(f"JSON written to {args.json}")
-    return 0
+    return 0 if report["ratios"]["B/C_target"]["passed"] is not False else 1
 
 
 def otel_comparison(events: int, repeat: int, path: Path) -> int:
@@ -859,6 +971,22 @@ def clusters_on_redis(events: int) -> list[dict[str, Any]]:
         return run_with(redis.url)
 
 
+def print_first_calls(first_calls: dict[str, Any]) -> None:
+    """One line per broker and backlog: commit to the handler's first call."""
+    for broker, measured in first_calls.items():
+        cold = measured["cold"]
+        print(
+            f"first call, {broker} broker, {cold['rows']:,} rows committed as the cluster "
+            f"starts: {cold['first_call_s']} s, archived after {cold['archived_s']} s"
+        )
+        for k in measured["by_rows"].values():
+            print(
+                f"first call, {broker} broker, {k['rows']:,} row(s) committed to an idle "
+                f"stream: median {k['first_call_median_s']} s (samples "
+                f"{k['first_call_runs_s']}), archived after {k['archived_median_s']} s"
+            )
+
+
 def print_table(report: dict[str, Any]) -> None:
     rows = report["throughput"]
     print()
@@ -881,6 +1009,13 @@ def print_table(report: dict[str, Any]) -> None:
         f"B/A = {ratios['B/A']}x (target >= 100)   B/C = {ratios['B/C']} (target >= 0.5; "
         f"median of runs {ratios['B/C_runs']})"
     )
+    for size in ratios["B/C_by_events"].values():
+        print(
+            f"B/C at {size['events']:,} events: {size['B/C']} (pairs {size['B/C_runs']}; "
+            f"B {size['B_events_per_s']}, C {size['C_events_per_s']} events/s)"
+        )
+    print(target_line(ratios))
+    print_first_calls(report["first_call"])
     print(
         f"publish: {report['publish']['one_transaction_each_per_s']:,}/s one transaction each, "
         f"{report['publish']['bulk_per_s']:,}/s in bulk"

@@ -79,6 +79,13 @@ DJANGO_OUTBOX = {
             "BATCH_SIZE": 1000,
             "LEASE_SECONDS": 300,
         },
+        # From a commit to the handler's first call (benchmarks.first_call): B's stream,
+        # with a handler that stamps the database's clock as it starts.
+        "first_call": {
+            "HANDLER": "benchmarks.tasks.stamp_batch",
+            "BATCH_SIZE": 1000,
+            "LEASE_SECONDS": 300,
+        },
         # Failure isolation: one poison row in a group (benchmarks.isolation).
         "poison": {"HANDLER": "benchmarks.isolation.refuse_poison"},
         # Every option at its default: the custom-buffer path a new user starts with.

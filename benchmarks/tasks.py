@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from benchmarks.models import Marker
 from django_outbox.models import ArchivedEvent, OutboxEvent, Outcome
@@ -16,6 +18,19 @@ def serialize_batch(batch: Batch) -> None:
     rows = batch.rows("id", "payload")
     body = json.dumps([{"ref": row["id"], **row["payload"]} for row in rows])
     assert len(rows) and body
+
+
+def stamp_batch(batch: Batch) -> None:
+    """:func:`serialize_batch`, after a marker of when the call began, in the database's
+    clock (seconds since the epoch), and of the worker's process id, committed at once
+    (benchmarks.first_call)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO benchmarks_marker (name) "
+            "VALUES ('call ' || extract(epoch FROM clock_timestamp())::text || ' ' || %s)",
+            [os.getpid()],
+        )
+    serialize_batch(batch)
 
 
 def handle_event(event_id: int) -> None:
@@ -40,6 +55,18 @@ def noop(number: int) -> None:
 
 def ping(name: str) -> None:
     Marker.objects.create(name=name)
+
+
+def ping_every_worker(name: str, workers: int) -> None:
+    """One of *workers* readiness pings: mark this worker, then wait (up to 30 s) until
+    every ping is marked, so that no worker takes two and each has connected to the
+    database, as C's processes connect before its clock starts."""
+    Marker.objects.create(name=f"{name} {os.getpid()}")
+    deadline = time.monotonic() + 30
+    while Marker.objects.filter(name__startswith=f"{name} ").count() < workers:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def serialize_orders(batch: Batch) -> None:

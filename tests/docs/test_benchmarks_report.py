@@ -106,3 +106,94 @@ def test_the_ordered_benchmark_renders_a_section_of_its_own(tmp_path):
     assert "### Ordered streams" in block
     assert "| 1,000 | 20,000 | 19,000 | **0.95** | 0.95, 0.9, 1.02 | 200; 201 |" in block
     assert "`ORDER_KEY` / unordered: 0.95 at 1,000 keys" in block
+
+
+def with_sizes_and_first_calls(b_over_c_at_100k: float) -> dict:
+    """The committed bench.json with what a run records since B/C is paired at two
+    backlogs and the first call after a commit is timed (figures made up)."""
+    main = json.loads((report.RESULTS / report.MAIN).read_text())
+    main["ratios"]["B/C_by_events"] = {
+        "20000": {
+            "events": 20000,
+            "B/C": 0.756,
+            "B/C_runs": [0.71, 0.756, 0.944],
+            "B_events_per_s": [41851, 44585, 50048],
+            "C_events_per_s": [58962, 60012, 53030],
+        },
+        "100000": {
+            "events": 100000,
+            "B/C": b_over_c_at_100k,
+            "B/C_runs": [0.9, b_over_c_at_100k, 1.01],
+            "B_events_per_s": [52000, 55000, 57000],
+            "C_events_per_s": [58000, 57500, 56500],
+        },
+    }
+    main["ratios"]["B/C_target"] = {
+        "events": 100000,
+        "at_least": 0.95,
+        "median": b_over_c_at_100k,
+        "passed": b_over_c_at_100k >= 0.95,
+    }
+    main["first_call"] = {
+        broker: {
+            "broker": broker,
+            "poll_s": 0.05 if broker == "orm" else None,
+            "workers": 2,
+            "cold": {"rows": 20000, "first_call_s": first + 0.1, "archived_s": 0.75},
+            "by_rows": {
+                "1": {
+                    "rows": 1,
+                    "first_call_median_s": first,
+                    "first_call_runs_s": [first] * 7,
+                    "archived_median_s": first + 0.01,
+                },
+                "20000": {
+                    "rows": 20000,
+                    "first_call_median_s": first + 0.02,
+                    "first_call_runs_s": [first + 0.02] * 7,
+                    "archived_median_s": 0.61,
+                },
+            },
+        }
+        for broker, first in (("orm", 0.061), ("redis", 0.012))
+    }
+    return main
+
+
+@pytest.mark.parametrize(("ratio", "verdict"), [(0.97, "met"), (0.93, "**missed**")])
+def test_b_over_c_at_each_backlog_and_its_target_at_100000(ratio, verdict):
+    block = report.render({report.MAIN: with_sizes_and_first_calls(ratio)})
+
+    assert "| 20,000 | 41,851 · 44,585 · 50,048 | 58,962 · 60,012 · 53,030 | **0.756** |" in block
+    assert f"| 100,000 | 52,000 · 55,000 · 57,000 | 58,000 · 57,500 · 56,500 | **{ratio:g}** |" in (
+        block
+    )
+    assert (
+        f"B / C at 100,000 events: {ratio:g} against the target of at least 0.95 (median of "
+        f"pairs): {verdict}." in block
+    )
+
+
+def test_the_first_call_after_a_commit_with_each_broker():
+    block = report.render({report.MAIN: with_sizes_and_first_calls(0.97)})
+
+    header = (
+        "| commit → handler's first call (idle stream) | 1 row | 20,000 rows "
+        "| 20,000 rows: all archived | fresh cluster, 20,000 rows: first call; all archived "
+        "| samples |"
+    )
+    assert header in block
+    assert (
+        "| ORM broker (PostgreSQL), poll 0.05 s | 0.061 s | 0.081 s | 0.610 s "
+        "| 0.161 s; 0.750 s | 7 |" in block
+    )
+    assert "| Redis broker | 0.012 s | 0.032 s | 0.610 s | 0.112 s; 0.750 s | 7 |" in block
+
+
+def test_a_run_from_before_either_figure_renders_without_them():
+    older = with_sizes_and_first_calls(0.97)
+    del older["ratios"]["B/C_by_events"], older["ratios"]["B/C_target"], older["first_call"]
+    block = report.render({report.MAIN: older})
+    assert "B / C **0.756**" in block
+    assert "B / C at 100,000 events" not in block
+    assert "handler's first call" not in block
