@@ -51,7 +51,7 @@ from django_outbox import publish, publish_many, wake  # noqa: E402
 from django_outbox.jobs.staging import drain_until_empty, stage_task  # noqa: E402
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState  # noqa: E402
 from django_outbox.streams.inline import run_inline  # noqa: E402
-from django_outbox.streams.run import claim_group  # noqa: E402
+from django_outbox.streams.run import claim_group, runtime_state  # noqa: E402
 from django_outbox.streams.steer import set_paused  # noqa: E402
 from django_outbox.transport import handoff  # noqa: E402
 
@@ -363,6 +363,9 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
       wake (ORM broker) or the commit wakes it (another broker);
     * **busy**: a run in flight, which takes the row: the INSERT says so.
 
+    Each case writes to a stream of its own (`publish_idle`, `publish_busy`,
+    `publish_woken`), so that no case's groups or queued wakes weigh on another's.
+
     A ``PublishTrigger`` writes the event inside the row's own INSERT; the raw INSERT
     followed by :func:`~django_outbox.wake` shows what a wake after commit costs.
     """
@@ -373,12 +376,15 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
         with transaction.atomic():
             Order.objects.create(customer=f"c{i}", amount="9.99")
 
-    def with_event(i: int) -> None:
-        with transaction.atomic():
-            order = Order.objects.create(customer=f"c{i}", amount="9.99")
-            publish(STREAM, {"order": order.pk, "amount": "9.99"})
+    def with_event(stream: str) -> Callable[[int], None]:
+        def publish_one(i: int) -> None:
+            with transaction.atomic():
+                order = Order.objects.create(customer=f"c{i}", amount="9.99")
+                publish(stream, {"order": order.pk, "amount": "9.99"})
 
-    def with_raw_insert(i: int) -> None:
+        return publish_one
+
+    def with_raw_insert(i: int, stream: str = "publish_idle") -> None:
         """The floor of any design that writes the event as a statement of its own."""
         with transaction.atomic():
             order = Order.objects.create(customer=f"c{i}", amount="9.99")
@@ -386,13 +392,13 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
                 cursor.execute(
                     "INSERT INTO django_outbox_outboxevent (created_at, stream, payload) "
                     "VALUES (statement_timestamp(), %s, %s::jsonb)",
-                    [STREAM, json.dumps({"order": order.pk, "amount": "9.99"})],
+                    [stream, json.dumps({"order": order.pk, "amount": "9.99"})],
                 )
 
     def with_raw_insert_woken(i: int) -> None:
         """The raw INSERT and a wake after commit: what the commit's wake costs."""
-        with_raw_insert(i)
-        wake(STREAM)
+        with_raw_insert(i, "publish_woken")
+        wake("publish_woken")
 
     def with_trigger(i: int) -> None:
         """The same row, published by a PublishTrigger in the INSERT's own statement."""
@@ -400,41 +406,43 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
             TriggeredOrder.objects.create(customer=f"c{i}", amount="9.99")
 
     def idle() -> None:
-        """No run in flight, no wake waiting: every worker done (untimed)."""
+        """No run in flight, no wake waiting: every worker done (untimed). Each case has
+        a stream of its own, so that no case's rows or groups weigh on another's."""
         OrmQ.objects.all().delete()
-        OutboxGroup.objects.filter(stream=STREAM).delete()
+        OutboxGroup.objects.filter(stream="publish_woken").delete()
 
-    def busy() -> None:
-        """A run in flight: a group leased to a worker (its lease outlasts the case)."""
-        if not OutboxGroup.objects.filter(stream=STREAM, state="running").exists():
-            idle()
-            OutboxGroup.objects.create(
-                stream=STREAM,
-                size=1,
-                state="running",
-                attempt=1,
-                worker="bench",
-                lease_expires_at=database_now() + timedelta(hours=1),
-            )
+    for name in ("publish_idle", "publish_busy", "publish_woken"):
+        runtime_state(name)
+    # A run in flight on the busy stream for the whole measure: a group leased to a
+    # worker (nothing takes it here).
+    OutboxGroup.objects.create(
+        stream="publish_busy",
+        size=1,
+        state="running",
+        attempt=1,
+        worker="bench",
+        lease_expires_at=database_now() + timedelta(hours=1),
+    )
 
-    variants: list[tuple[str, Callable[[int], None], Callable[[], None]]] = [
-        ("plain", plain, idle),
-        ("with_raw_insert", with_raw_insert, idle),
-        ("with_event_idle", with_event, idle),
-        ("with_event_busy", with_event, busy),
-        ("with_raw_insert_woken_idle", with_raw_insert_woken, idle),
-        ("with_trigger", with_trigger, idle),
+    variants: list[tuple[str, Callable[[int], None]]] = [
+        ("plain", plain),
+        ("with_raw_insert", with_raw_insert),
+        ("with_event_idle", with_event("publish_idle")),
+        ("with_event_busy", with_event("publish_busy")),
+        ("with_raw_insert_woken_idle", with_raw_insert_woken),
+        ("with_trigger", with_trigger),
     ]
     # Interleaved one transaction at a time, so that a change of the machine's load
     # weighs on every variant alike.
-    timings: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    timings: dict[str, list[float]] = {name: [] for name, _ in variants}
     for i in range(transactions):
-        for name, fn, prepare in variants:
-            prepare()
+        for name, fn in variants:
+            idle()
             started = time.perf_counter()
             fn(i)
             timings[name].append(time.perf_counter() - started)
     idle()
+    OutboxGroup.objects.filter(stream="publish_busy").delete()
     ms = {name: statistics.median(values) * 1000 for name, values in timings.items()}
     raw = ms["with_raw_insert"]
     return {

@@ -86,6 +86,12 @@ DJANGO_OUTBOX = {
             "BATCH_SIZE": 1000,
             "LEASE_SECONDS": 300,
         },
+        # The publish overhead (benchmarks.run.publish_overhead): the same stream idle,
+        # with a run in flight, and woken after commit, each a stream of its own.
+        **{
+            name: {"HANDLER": "benchmarks.tasks.serialize_batch"}
+            for name in ("publish_idle", "publish_busy", "publish_woken")
+        },
         # Failure isolation: one poison row in a group (benchmarks.isolation).
         "poison": {"HANDLER": "benchmarks.isolation.refuse_poison"},
         # Every option at its default: the custom-buffer path a new user starts with.
