@@ -75,6 +75,7 @@ from django_outbox.streams.sql.run import (
     wake_state,
 )
 from django_outbox.streams.sql.wake_guard import (
+    COVERED,
     LONG_TRANSACTION_SECONDS,
     PUBLISHERS_WAIT_SECONDS,
     QUEUED,
@@ -367,9 +368,10 @@ def wake_job(config: StreamConfig) -> handoff.Job:
 
 def covered_since(answer: int, started: float) -> float | None:
     """What the wake guard's *answer* means for the commit's wake (the *guarded_since* of
-    :func:`wake`): covered for good by the wake the statement queued, covered by a run
+    :func:`wake`): covered for good by the wake the statement (or an earlier one of the
+    transaction) queued, covered by a run
     (or a queued wake) in flight since *started*, or not covered."""
-    if answer > 0:
+    if answer > 0 or answer == COVERED:
         return QUEUED
     return started if answer == SKIP else None
 

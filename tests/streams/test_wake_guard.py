@@ -638,3 +638,15 @@ def test_an_orm_write_in_autocommit_wakes_the_stream_at_once():
     (job,) = run_jobs_of(jobs)  # the commit's wake claimed a group and queued its run
     with handoff.capture():
         assert len(job.run()) == 1
+
+
+@override_settings(**SMALL)
+def test_a_transaction_queues_one_wake_per_stream_however_many_times_it_publishes(patient):
+    """Even when the process's last wake was taken meanwhile (so its later publishes
+    could not rely on it), the wake the transaction queued covers its later rows."""
+    with transaction.atomic():
+        for n in range(5):
+            publish("audit", {"n": n})
+            OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=60))  # taken
+    assert len(queued_wakes()) == 1
+    assert guard_locks() == 0

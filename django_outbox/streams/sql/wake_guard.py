@@ -89,8 +89,9 @@ _YOUNG = f"clock_timestamp() - now() <= interval '{_LONG} seconds'"
 
 #: What the guard's functions answer besides the id of a wake they queued (> 0): skip
 #: the wake after commit (a run in flight, or a queued wake not yet taken, takes the
-#: row), or wake after commit.
-SKIP, WAKE_AFTER_COMMIT = 0, -1
+#: row), wake after commit, or (streams) covered by the wake this transaction queued
+#: already: a transaction queues at most one wake per stream.
+SKIP, WAKE_AFTER_COMMIT, COVERED = 0, -1, -2
 
 #: A transaction holds at most one guard lock per stream: the first publish that relies
 #: on a run in flight takes it, at that run's epoch, and records the epoch in a
@@ -116,6 +117,9 @@ DECLARE
     v_name text := {HELD_SETTING.format(name="p_stream")};
     v_held text := current_setting(v_name, true);
 BEGIN
+    IF v_held = 'queued' THEN  -- this transaction queued the stream's wake already
+        RETURN {COVERED};
+    END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN {WAKE_AFTER_COMMIT};
     END IF;
@@ -136,10 +140,10 @@ BEGIN
                             WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
                             AND md5(q.payload) = p_last_digest);
     END IF;
-    IF v_relied AND coalesce(v_held, '') <> '' THEN
+    IF coalesce(v_held, '') <> '' THEN
         -- The transaction holds this stream's lock: it still covers this publish while
-        -- the epoch has not moved; no second lock either way.
-        IF v_held::bigint = v_epoch THEN
+        -- the epoch has not moved; no second lock, and no wake queued, either way.
+        IF v_relied AND v_held::bigint = v_epoch THEN
             RETURN {SKIP};
         END IF;
         RETURN {WAKE_AFTER_COMMIT};
@@ -157,6 +161,7 @@ BEGIN
     END IF;
     INSERT INTO django_q_ormq (key, payload, lock)
         VALUES (p_key, p_payload, statement_timestamp()) RETURNING id INTO v_id;
+    PERFORM set_config(v_name, 'queued', true);  -- it covers the transaction's later rows
     RETURN v_id;
 END
 $$;
