@@ -18,7 +18,9 @@ the function below, and the answer is one of three:
   wake this process queued last still waits untaken: the publisher relies on it as on a
   run in flight (the lock above), since the worker that takes it runs the stream and its
   run's end waits the same way; so a burst of publishes on an idle stream queues one
-  wake per process, not one per commit.
+  wake per process, not one per commit. A transaction queues at most one wake per
+  stream: its later publishes are covered by it (the answer ``COVERED``), and one that
+  holds the guard's lock queues none.
 * Otherwise (another broker, django-q2's sync mode, a paused stream): wake after commit.
 
 A run waits for publishers at most :data:`PUBLISHERS_WAIT_SECONDS`; a publisher whose
