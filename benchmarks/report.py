@@ -374,8 +374,11 @@ def publish_overhead(report: dict[str, Any]) -> list[str]:
         ]
 
     body = rows(o, "ORM broker")
+    notes = []
     if o.get("redis"):
         body += rows(o["redis"], "Redis")
+        if o["redis"].get("note"):
+            notes.append(f"Redis rows: {o['redis']['note']}.")
     target = o.get("target", 1.15)
     verdict = "met" if o["idle_ratio"] <= target >= o["busy_ratio"] else "**missed**"
     return [
@@ -393,6 +396,7 @@ def publish_overhead(report: dict[str, Any]) -> list[str]:
         f"Target `publish()` {TIMES} the raw INSERT of the same row at most {target:g}, "
         f"idle and busy, ORM broker: {verdict} ({o['idle_ratio']:g} and "
         f"{o['busy_ratio']:g}). {rates_line}",
+        *(["", *notes] if notes else []),
     ]
 
 
