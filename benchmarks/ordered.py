@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from benchmarks.models import KeyedEvent, OrderedKeyedEvent  # noqa: E402
-from benchmarks.run import ROOT, cluster, vacuum, wait_until  # noqa: E402
+from benchmarks.run import ROOT, cluster, machine, vacuum, wait_until  # noqa: E402
 from django_outbox.models import ArchivedEvent, OutboxGroup  # noqa: E402
 from django_outbox.transport import handoff  # noqa: E402
 
@@ -150,15 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     met = target is None or target["ordered_over_unordered"] >= TARGET_RATIO
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "host": platform.node(),
-            "cores": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "load_average": {
-                "before": round(load_before, 2),
-                "after": round(os.getloadavg()[0], 2),
-            },
-        },
+        "machine": machine(load_before),
         "postgresql": server,
         "arguments": ["ordered", *(argv if argv is not None else sys.argv[1:])],
         "events": args.events,

@@ -871,16 +871,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "host": platform.node(),
-            "cores": os.cpu_count(),
-            "python": sys.version.split()[0],
-            # One-minute load averages: other work on the machine slows every figure.
-            "load_average": {
-                "before": round(load_before, 2),
-                "after": round(os.getloadavg()[0], 2),
-            },
-        },
+        "machine": machine(load_before),
         "postgresql": server,
         "arguments": sys.argv[1:],
         "throughput": {
@@ -995,6 +986,20 @@ def print_first_calls(first_calls: dict[str, Any]) -> None:
                 f"stream: median {k['first_call_median_s']} s (samples "
                 f"{k['first_call_runs_s']}), archived after {k['archived_median_s']} s"
             )
+
+
+def machine(load_before: float) -> dict[str, Any]:
+    """The machine a run measured on, with the one-minute load averages before and after
+    it: other work on the machine slows every figure."""
+    return {
+        "host": platform.node(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "load_average": {
+            "before": round(load_before, 2),
+            "after": round(os.getloadavg()[0], 2),
+        },
+    }
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ they join whatever that thread's connection is doing.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -28,9 +27,8 @@ from django_outbox.base.tracing import current_traceparent
 from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.models.buffer import MAX_ORDER_KEY_LENGTH, OutboxEvent
-from django_outbox.streams.run import covered_since, wake, wake_job
+from django_outbox.streams.run import wake, wake_guarded
 from django_outbox.streams.sql import buffer_ops
-from django_outbox.transport import handoff
 
 __all__ = [
     "apublish",
@@ -119,17 +117,16 @@ def publish(stream: str, payload: Any) -> int:
     payload_json = _dumps(stream, payload)
     key = _order_key(config, payload)
     ops = buffer_ops(OutboxEvent, alias=config.alias)
-    alias = ops.connection.alias
-    job = wake_job(config) if ops.wake_guarded else None
-    row = handoff.queue_row(job, alias) if job is not None else None
-    started = time.monotonic()
-    event_id, answer = ops.insert_event_guarded(
-        stream, payload_json, current_traceparent(), key, wake=row
+    trace_context = current_traceparent()
+    if not ops.wake_guarded:
+        event_id = ops.insert_event(stream, payload_json, trace_context, key)
+        wake(stream, using=ops.connection.alias)
+        return event_id
+    return wake_guarded(
+        config,
+        ops.connection.alias,
+        lambda row: ops.insert_event_guarded(stream, payload_json, trace_context, key, wake=row),
     )
-    if answer > 0 and job is not None:
-        handoff.queued(job)  # the statement queued the wake: the next one signs another
-    wake(stream, using=alias, guarded_since=covered_since(answer, started))
-    return event_id
 
 
 @on_stream_database

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, transaction
 from django.db.models.functions import Now
@@ -92,6 +92,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: A run hands its next group to a fresh job after this many seconds.
 RUN_SECONDS = 5.0
@@ -356,24 +358,35 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
     )
 
 
-def wake_job(config: StreamConfig) -> handoff.Job:
-    """The stream's wake, for a statement to queue when no run is in flight."""
-    return handoff.Job(
+def wake_guarded(
+    config: StreamConfig, using: str, ask: Callable[[tuple[str, str] | None], tuple[T, int]]
+) -> T:
+    """Wake the stream by the wake guard's answer to a statement on *using*; return what
+    the statement returned beside it.
+
+    *ask* runs the statement that asks the guard (``publish()``'s INSERT, or a statement
+    of its own after ORM writes), offered the stream's wake to queue (a cluster key and
+    a signed package, or None where jobs are not queued in the transaction); it returns
+    its result and the answer (:mod:`django_outbox.streams.sql.wake_guard`). The
+    commit's wake is then
+    covered for good by a wake the statement (or an earlier one of the transaction)
+    queued, covered by a run (or a queued wake) in flight since the statement, or not.
+    """
+    job = handoff.Job(
         handoff.WAKE,
         (config.name,),
         config.cluster,
         options={"task_name": f"django_outbox wake {config.name}"},
     )
-
-
-def covered_since(answer: int, started: float) -> float | None:
-    """What the wake guard's *answer* means for the commit's wake (the *guarded_since* of
-    :func:`wake`): covered for good by the wake the statement (or an earlier one of the
-    transaction) queued, covered by a run
-    (or a queued wake) in flight since *started*, or not covered."""
+    started = time.monotonic()
+    result, answer = ask(handoff.queue_row(job, using))
+    since: float | None = started if answer == SKIP else None
+    if answer > 0:
+        handoff.queued(job)  # the statement queued it: the next offer signs another
     if answer > 0 or answer == COVERED:
-        return QUEUED
-    return started if answer == SKIP else None
+        since = QUEUED
+    wake(config.name, using=using, guarded_since=since)
+    return result
 
 
 @on_stream_database
@@ -703,10 +716,4 @@ def _wake_on_write(stream: str, using: str) -> None:
         return
     if registered(("django_outbox.wake", stream), using=using):
         return  # asked (or woken) for this transaction already
-    job = wake_job(config)
-    row = handoff.queue_row(job, using)
-    started = time.monotonic()
-    answer = ask_wake_guard(connection, stream, row)
-    if answer > 0:
-        handoff.queued(job)
-    wake(stream, using=using, guarded_since=covered_since(answer, started))
+    wake_guarded(config, using, lambda row: (None, ask_wake_guard(connection, stream, row)))

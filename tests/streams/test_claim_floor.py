@@ -380,6 +380,7 @@ def test_a_row_below_the_floor_from_a_cached_sequence_is_claimed_next(
 ):
     # the test claims
     monkeypatch.setattr("django_outbox.streams.publish.wake", lambda *a, **k: None)
+    monkeypatch.setattr("django_outbox.streams.run.wake", lambda *a, **k: None)
     with unwoken():
         write()  # this session takes ids [first, first + 20)
     first = unclaimed_ids()

@@ -521,8 +521,10 @@ def generic_streams() -> override_settings:
 
 def publish_keys(stream: str, *keys: object, **extra: object) -> list[int]:
     """Publish one event per key (committed, the stream not woken); their ids."""
+    # (publish() wakes through the wake guard on PostgreSQL, else after its commit.)
     with mock.patch("django_outbox.streams.publish.wake"):
-        return [publish(stream, {"order_id": key, **extra}) for key in keys]
+        with mock.patch("django_outbox.streams.run.wake"):
+            return [publish(stream, {"order_id": key, **extra}) for key in keys]
 
 
 def generic_claim(stream: str = "orders") -> set[int]:
@@ -543,7 +545,8 @@ def test_an_order_key_on_the_generic_buffer_names_a_payload_key():
     with override_settings(DJANGO_OUTBOX=guide):
         assert [m.id for m in run_checks() if m.id and m.id.startswith("django_outbox")] == []
         with mock.patch("django_outbox.streams.publish.wake"):
-            event_id = ordered.order_paid(7)
+            with mock.patch("django_outbox.streams.run.wake"):
+                event_id = ordered.order_paid(7)
     assert OutboxEvent.objects.get(id=event_id).order_key == "7"
 
 

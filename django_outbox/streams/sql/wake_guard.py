@@ -95,6 +95,21 @@ _YOUNG = f"clock_timestamp() - now() <= interval '{_LONG} seconds'"
 #: already: a transaction queues at most one wake per stream.
 SKIP, WAKE_AFTER_COMMIT, COVERED = 0, -1, -2
 
+#: Whether the wake this process queued last (``p_last_wake``, ``p_last_digest``) still
+#: waits in django-q2's queue untaken (a taken row is locked until later; the digest: an
+#: id a reset sequence gave another row is not that wake).
+_LAST_WAKE_WAITS = """EXISTS (SELECT 1 FROM django_q_ormq q
+                       WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
+                       AND md5(q.payload) = p_last_digest)"""
+
+#: Queue the wake offered (``p_key``, ``p_payload``) and answer its id, or answer "wake
+#: after commit" where none is offered (another broker).
+_QUEUE_OFFERED_WAKE = f"""IF p_payload IS NULL THEN
+        RETURN {WAKE_AFTER_COMMIT};
+    END IF;
+    INSERT INTO django_q_ormq (key, payload, lock)
+        VALUES (p_key, p_payload, statement_timestamp()) RETURNING id INTO v_id;"""
+
 #: A transaction holds at most one guard lock per stream: the first publish that relies
 #: on a run in flight takes it, at that run's epoch, and records the epoch in a
 #: transaction-local setting (reverted with the lock on a rollback to a savepoint). A
@@ -138,9 +153,7 @@ BEGIN
         RETURN {WAKE_AFTER_COMMIT};
     END IF;
     IF NOT v_relied AND p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
-        v_relied := EXISTS (SELECT 1 FROM django_q_ormq q
-                            WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
-                            AND md5(q.payload) = p_last_digest);
+        v_relied := {_LAST_WAKE_WAITS};
     END IF;
     IF coalesce(v_held, '') <> '' THEN
         -- The transaction holds this stream's lock: it still covers this publish while
@@ -158,11 +171,7 @@ BEGIN
             RETURN {SKIP};
         END IF;
     END IF;
-    IF p_payload IS NULL THEN
-        RETURN {WAKE_AFTER_COMMIT};
-    END IF;
-    INSERT INTO django_q_ormq (key, payload, lock)
-        VALUES (p_key, p_payload, statement_timestamp()) RETURNING id INTO v_id;
+    {_QUEUE_OFFERED_WAKE}
     PERFORM set_config(v_name, 'queued', true);  -- it covers the transaction's later rows
     RETURN v_id;
 END
@@ -203,9 +212,7 @@ BEGIN
         v_epoch := coalesce(
             (SELECT k.wake_epoch FROM django_outbox_kindstate k WHERE k.kind = p_kind), 0);
         IF p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
-            v_relied := EXISTS (SELECT 1 FROM django_q_ormq q
-                                WHERE q.id = p_last_wake AND q.lock <= statement_timestamp()
-                                AND md5(q.payload) = p_last_digest);
+            v_relied := {_LAST_WAKE_WAITS};
         END IF;
         IF NOT v_relied THEN
             EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE state = %L '
@@ -228,11 +235,7 @@ BEGIN
             RETURN {SKIP};
         END IF;
     END IF;
-    IF p_payload IS NULL THEN
-        RETURN {WAKE_AFTER_COMMIT};
-    END IF;
-    INSERT INTO django_q_ormq (key, payload, lock)
-        VALUES (p_key, p_payload, statement_timestamp()) RETURNING id INTO v_id;
+    {_QUEUE_OFFERED_WAKE}
     RETURN v_id;
 END
 $$;
