@@ -297,9 +297,10 @@ class StreamConfig:
         """Whether a dead-lettered row holds back its key's later rows (ordered streams)."""
         return self.ordered and self.order_after_dead_letter == "hold"
 
-    @property
+    @functools.cached_property
     def is_generic(self) -> bool:
-        """True when the stream uses the shared ``OutboxEvent`` table."""
+        """True when the stream uses the shared ``OutboxEvent`` table (read once per
+        configuration, as :attr:`alias`)."""
         return self.model_class._meta.label == GENERIC_MODEL
 
     def handler_func(self) -> Callable[..., Any]:

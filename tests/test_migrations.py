@@ -79,7 +79,7 @@ HISTORY = {
 #: The migrations each app ships: 0001_initial, which replaces the development history,
 #: and those added since.
 RELEASED = {
-    "django_outbox": ["0001_initial", "0002_publish_wake"],
+    "django_outbox": ["0001_initial", "0002_publish_wake", "0003_publish_wake_asked_once"],
     "django_outbox_tasks": ["0001_initial"],
 }
 

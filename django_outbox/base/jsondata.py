@@ -29,20 +29,36 @@ def dumps(value: Any, *, cls: type[json.JSONEncoder] | None = None) -> str:
     Raise :class:`TypeError` or :class:`ValueError` saying what is wrong; callers turn
     it into their own library exception.
     """
-    if _too_deep(value):
-        raise ValueError(
-            f"it nests lists and dicts deeper than {MAX_DEPTH} levels (or contains itself)"
-        )
     try:
-        text = json.dumps(value, cls=cls, allow_nan=False, ensure_ascii=False)
-    except RecursionError as exc:  # pragma: no cover - caught by the depth check first
-        raise ValueError(f"it nests deeper than {MAX_DEPTH} levels") from exc
+        text = _encoder(cls).encode(value)
+    except RecursionError as exc:
+        raise ValueError(f"it nests lists and dicts deeper than {MAX_DEPTH} levels") from exc
+    except ValueError as exc:
+        if str(exc) == "Circular reference detected":
+            raise ValueError("it contains itself") from exc
+        raise
+    # Nesting deeper than MAX_DEPTH needs more brackets than that (counted at C speed);
+    # only then is the value walked.
+    if text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(value):
+        raise ValueError(f"it nests lists and dicts deeper than {MAX_DEPTH} levels")
     if _UNSTORABLE.search(text):
         raise ValueError(
             "a string in it holds a NUL character or a lone surrogate, which PostgreSQL "
             "cannot store"
         )
     return text
+
+
+#: One encoder per class, reused: encoding keeps no state in it (a value that contains
+#: itself is refused by the encoder's own check, per call).
+_ENCODERS: dict[type[json.JSONEncoder] | None, json.JSONEncoder] = {}
+
+
+def _encoder(cls: type[json.JSONEncoder] | None) -> json.JSONEncoder:
+    encoder = _ENCODERS.get(cls)
+    if encoder is None:
+        encoder = _ENCODERS[cls] = (cls or json.JSONEncoder)(allow_nan=False, ensure_ascii=False)
+    return encoder
 
 
 def dumps_or(

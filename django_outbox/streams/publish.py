@@ -15,20 +15,24 @@ they join whatever that thread's connection is doing.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 from django.db.models import JSONField, Value
 
 from django_outbox.base.jsondata import MAX_DEPTH, dumps_or, storable_text
+from django_outbox.base.routing import on_database
 from django_outbox.base.tracing import current_traceparent
 from django_outbox.conf import StreamConfig, get_stream, on_stream_database
 from django_outbox.exceptions import PayloadError, WrongBufferModel
 from django_outbox.models.buffer import MAX_ORDER_KEY_LENGTH, OutboxEvent
-from django_outbox.streams.run import wake, wake_guarded
+from django_outbox.streams.run import guard_asked, wake, wake_guarded
 from django_outbox.streams.sql import buffer_ops
+from django_outbox.streams.sql.base import BufferOps
 
 __all__ = [
     "apublish",
@@ -94,7 +98,6 @@ def _order_key(config: StreamConfig, payload: Any) -> str | None:
     return key
 
 
-@on_stream_database
 def publish(stream: str, payload: Any) -> int:
     """Insert one event for *stream* and return its id.
 
@@ -116,17 +119,39 @@ def publish(stream: str, payload: Any) -> int:
     config = _check(stream)
     payload_json = _dumps(stream, payload)
     key = _order_key(config, payload)
-    ops = buffer_ops(OutboxEvent, alias=config.alias)
     trace_context = current_traceparent()
+    alias = config.alias
+    ops = _generic_ops(alias)
     if not ops.wake_guarded:
         event_id = ops.insert_event(stream, payload_json, trace_context, key)
-        wake(stream, using=ops.connection.alias)
+        wake(stream, using=alias)
         return event_id
+    if guard_asked(stream, ops.connection):
+        # The transaction's first write of the stream asked the guard: its answer covers
+        # this row too (:mod:`django_outbox.streams.sql.wake_guard`).
+        return ops.insert_event(stream, payload_json, trace_context, key)
     return wake_guarded(
         config,
-        ops.connection.alias,
+        alias,
         lambda row: ops.insert_event_guarded(stream, payload_json, trace_context, key, wake=row),
     )
+
+
+_local = threading.local()
+
+
+def _generic_ops(alias: str) -> BufferOps:
+    """The generic buffer's operations on *alias*, kept for this thread's connection
+    (they build each statement once: ``publish()`` is a hot path)."""
+    connection = connections[alias]
+    kept: dict[str, BufferOps] = _local.__dict__.setdefault("ops", {})
+    ops = kept.get(alias)
+    if ops is None or ops.connection is not connection:
+        ops = buffer_ops(OutboxEvent, alias=alias)
+        with on_database(alias):  # (whether the stream's state is there too, read once)
+            ops.wake_guarded  # noqa: B018
+        kept[alias] = ops
+    return ops
 
 
 @on_stream_database

@@ -43,6 +43,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 
 from django_outbox.base.oncommit import on_commit_once, registered
@@ -75,7 +76,6 @@ from django_outbox.streams.sql.run import (
     wake_state,
 )
 from django_outbox.streams.sql.wake_guard import (
-    COVERED,
     LONG_TRANSACTION_SECONDS,
     PUBLISHERS_WAIT_SECONDS,
     QUEUED,
@@ -351,11 +351,41 @@ def wake(stream: str, *, using: str | None = None, guarded_since: float | None =
     """
     alias = using or get_stream(stream).alias
     on_commit_once(
-        ("django_outbox.wake", stream),
+        _wake_key(stream),
         partial(_wake_after_commit, stream),
         using=alias,
         item=guarded_since,
     )
+
+
+def guard_asked(stream: str, connection: BaseDatabaseWrapper) -> bool:
+    """Whether the current transaction on *connection* asked the wake guard for (or
+    woke) *stream* already: its answer covers the transaction's later writes of the
+    stream, which then ask nothing (:mod:`django_outbox.streams.sql.wake_guard`).
+
+    The record is the commit's wake, which a savepoint rolled back drops with the
+    statement's lock or queued wake (False outside a transaction)."""
+    return connection.in_atomic_block and registered(_wake_key(stream), using=connection.alias)
+
+
+def _wake_key(stream: str) -> tuple[str, str]:
+    return ("django_outbox.wake", stream)
+
+
+#: The wake job of each stream, by its name and cluster (one object, one package).
+_WAKE_JOBS: dict[tuple[str, str | None], handoff.Job] = {}
+
+
+def _wake_job(config: StreamConfig) -> handoff.Job:
+    job = _WAKE_JOBS.get((config.name, config.cluster))
+    if job is None:
+        job = _WAKE_JOBS[config.name, config.cluster] = handoff.Job(
+            handoff.WAKE,
+            (config.name,),
+            config.cluster,
+            options={"task_name": f"django_outbox wake {config.name}"},
+        )
+    return job
 
 
 def wake_guarded(
@@ -368,23 +398,13 @@ def wake_guarded(
     of its own after ORM writes), offered the stream's wake to queue (a cluster key and
     a signed package, or None where jobs are not queued in the transaction); it returns
     its result and the answer (:mod:`django_outbox.streams.sql.wake_guard`). The
-    commit's wake is then
-    covered for good by a wake the statement (or an earlier one of the transaction)
-    queued, covered by a run (or a queued wake) in flight since the statement, or not.
+    commit's wake is then covered for good by the wake the statement queued, covered
+    by a run (or a queued wake) in flight since the statement, or not. The caller asks
+    once per transaction and stream (:func:`guard_asked`).
     """
-    job = handoff.Job(
-        handoff.WAKE,
-        (config.name,),
-        config.cluster,
-        options={"task_name": f"django_outbox wake {config.name}"},
-    )
     started = time.monotonic()
-    result, answer = ask(handoff.queue_row(job, using))
-    since: float | None = started if answer == SKIP else None
-    if answer > 0:
-        handoff.queued(job)  # the statement queued it: the next offer signs another
-    if answer > 0 or answer == COVERED:
-        since = QUEUED
+    result, answer = ask(handoff.queue_row(_wake_job(config), using))
+    since = started if answer == SKIP else QUEUED if answer > 0 else None
     wake(config.name, using=using, guarded_since=since)
     return result
 
@@ -714,6 +734,6 @@ def _wake_on_write(stream: str, using: str) -> None:
     if not (connection.in_atomic_block and config.alias == using and guarded(connection)):
         wake(stream, using=using)
         return
-    if registered(("django_outbox.wake", stream), using=using):
-        return  # asked (or woken) for this transaction already
+    if guard_asked(stream, connection):
+        return
     wake_guarded(config, using, lambda row: (None, ask_wake_guard(connection, stream, row)))

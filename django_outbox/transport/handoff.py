@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -142,26 +143,28 @@ def queue_row(job: Job, alias: str) -> tuple[str, str] | None:
     hand-off); None when jobs on *alias* are not handed over that way (another broker,
     django-q2's sync mode, or :func:`capture`).
 
-    A statement may decline the row (the job is not needed after all): the same package
-    is offered again to this thread's next statement for the same job, so a declined
-    offer costs no signing, until :func:`queued` says a statement took it (each queued
-    package keeps a task id of its own).
+    The same package is offered to this thread's statements for the same job for up to
+    :data:`PACKAGE_REUSE_SECONDS` after it was signed, whether a statement declined it
+    (the job was not needed after all) or queued it: signing is most of what queueing
+    the job costs the caller's request. The jobs offered this way are wakes, which take
+    their work from the tables when they run and are not saved in django-q2's results
+    (``save=False``), so two rows of one package run as two wakes; a wake that fails
+    is recorded under its package's task id, the failures of one package under one.
     """
     if getattr(_local, "queue", None) is not None or not in_transaction_hand_off(alias):
         return None
-    offered: dict[tuple[str, str, str | None], tuple[str, str]]
+    offered: dict[tuple[str, str, str | None], tuple[float, tuple[str, str]]]
     offered = _local.__dict__.setdefault("offered", {})
     key = _offer_key(job)
-    row = offered.get(key)
-    if row is None:
-        row = offered[key] = (job.cluster or Conf.CLUSTER_NAME, _package(job))
-    return row
+    now = time.monotonic()
+    found = offered.get(key)
+    if found is None or now - found[0] >= PACKAGE_REUSE_SECONDS:
+        found = offered[key] = (now, (job.cluster or Conf.CLUSTER_NAME, _package(job)))
+    return found[1]
 
 
-def queued(job: Job) -> None:
-    """A statement queued the row :func:`queue_row` offered for *job*: the next offer
-    signs a new package."""
-    _local.__dict__.get("offered", {}).pop(_offer_key(job), None)
+#: How long a package :func:`queue_row` signed is offered again for the same job.
+PACKAGE_REUSE_SECONDS = 60.0
 
 
 def _offer_key(job: Job) -> tuple[str, str, str | None]:

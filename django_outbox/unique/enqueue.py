@@ -281,17 +281,15 @@ def _wake(table: JobTable) -> tuple[str, str] | None:
     """The kind's wake, a django-q2 task that dispatches in a worker, for a one-row
     insert to queue in its own statement (PostgreSQL, ORM broker on the kind's
     database); None where the commit dispatches (or ``DISPATCH_ON_COMMIT = "thread"``
-    hands it to the dispatcher thread). Signed once and offered again while the
-    inserts decline it (:func:`_woke`)."""
+    hands it to the dispatcher thread). Signed once and offered again for a while
+    (:func:`~django_outbox.transport.handoff.queue_row`)."""
     if outbox_settings().dispatch_on_commit == "thread" or not table.guards():
         return None
     return handoff.queue_row(_wake_job(table), table.alias)
 
 
 def _woke(table: JobTable) -> bool:
-    """Whether the last insert queued the kind's wake (the next one signs another)."""
-    if table.woke:
-        handoff.queued(_wake_job(table))
+    """Whether the last insert queued the kind's wake."""
     return table.woke
 
 

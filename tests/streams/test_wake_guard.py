@@ -355,10 +355,12 @@ def test_an_enqueue_after_the_wake_was_taken_queues_a_wake_of_its_own():
     with transaction.atomic():
         ThrottledJob.enqueue(key="b")
     assert OrmQ.objects.count() == 2
-    # Each queued wake is a django-q2 task of its own (the package offered to the
-    # declining inserts is signed once, and never queued twice).
-    ids = {SignedPackage.loads(row.payload)["id"] for row in OrmQ.objects.all()}
-    assert len(ids) == 2
+    # Each row is a dispatch of the kind, whichever worker takes it (one package, signed
+    # once and offered again for a while: signing is most of what queueing costs).
+    tasks = [SignedPackage.loads(row.payload) for row in OrmQ.objects.all()]
+    assert [(task["func"], task["args"][0]) for task in tasks] == [
+        (RUN, ThrottledJob._meta.label)
+    ] * 2
     OrmQ.objects.all().delete()  # both done (acknowledged): gone from the queue
     with transaction.atomic():
         ThrottledJob.enqueue(key="c")
@@ -424,18 +426,26 @@ def elsewhere(fn: Callable[[], object]) -> None:
 
 @override_settings(**SMALL)
 def test_a_transaction_holds_one_guard_lock_per_stream_however_often_runs_end(patient):
+    """Its first publish asks the guard; the answer covers the later ones, which ask
+    nothing: the run that ends at the first one's epoch waits for the transaction's end,
+    whatever it writes meanwhile and however often the epoch moves on."""
     a_run_in_flight()
-    ops = buffer_ops(OutboxEvent)
+    epochs: list[int | None] = []
 
-    with transaction.atomic():
-        assert ops.insert_event_guarded("audit", "{}")[1] == SKIP
-        assert ops.insert_event_guarded("audit", "{}")[1] == SKIP  # the same epoch
-        for _ in range(5):
-            elsewhere(lambda: run.raise_wake_epoch("audit"))  # a run ends elsewhere
-            # The lock it holds no longer covers a run: this write wakes after commit,
-            # and takes no second lock.
-            assert ops.insert_event_guarded("audit", "{}")[1] == WAKE_AFTER_COMMIT
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        publish("audit", {"n": 1})
+        for n in range(5):
+            elsewhere(lambda: epochs.append(run.raise_wake_epoch("audit")))  # runs end
+            publish("audit", {"n": n + 2})
         assert guard_locks() == 1
+        ended_first = epochs[0]
+        assert ended_first is not None
+        done: list[bool] = []
+        elsewhere(lambda: done.append(run.publishers_done("audit", ended_first)))
+        assert done == [False]  # the run ending at that epoch still waits for us
+    asked = [sql for sql in statements_of(queries) if "django_outbox_publish_wake" in sql]
+    assert len(asked) == 1
+    assert run.publishers_done("audit", ended_first)
 
 
 def test_a_transaction_holds_one_guard_lock_per_kind_however_often_workers_end(patient):
@@ -519,6 +529,22 @@ def test_a_rolled_back_publish_queues_no_wake():
 
 
 @override_settings(**SMALL)
+def test_a_savepoint_rolled_back_takes_the_guards_answer_with_it():
+    """The wake the first publish queued goes with its savepoint, and so does the
+    record that the transaction asked: the next publish asks again and queues one."""
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            publish("audit", {"n": 0})
+            raise RuntimeError
+        publish("audit", {"n": 1})
+    (task,) = queued_wakes()
+
+    take(OrmQ.objects.get())
+    assert run_woken_all(task["args"]) == ["done"]
+    assert list(ArchivedEvent.objects.values_list("data__payload__n", flat=True)) == [1]
+
+
+@override_settings(**SMALL)
 def test_publishes_while_the_wake_waits_untaken_rely_on_it_and_queue_no_other():
     with transaction.atomic():
         publish("audit", {"n": 0})
@@ -543,8 +569,9 @@ def test_a_publish_after_the_wake_was_taken_queues_a_wake_of_its_own():
     take(OrmQ.objects.get())  # taken: its worker may have run the stream already
     with transaction.atomic():
         publish("audit", {"n": 1})
-    assert len(queued_wakes()) == 2
-    assert len({task["id"] for task in queued_wakes()}) == 2  # two tasks, not one twice
+    # Two rows, each the stream's wake for whichever worker takes it (one package, signed
+    # once and offered again for a while: signing is most of what queueing costs).
+    assert [task["args"] for task in queued_wakes()] == [("audit",)] * 2
 
 
 @override_settings(**SMALL)

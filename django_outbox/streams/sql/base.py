@@ -68,6 +68,7 @@ class BufferOps:
         self.archive_table = qn(_archive_model()._meta.db_table)
         self.qn = qn
         self.group_field = concrete_field(model, "group_id")
+        self._insert_sqls: dict[tuple[bool, bool, str], str] = {}
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -250,11 +251,9 @@ class BufferOps:
         *trace_context* (a ``traceparent``) and *order_key* (an ordered stream's key) are
         written only when given.
         """
-        columns, values, params = self.event_columns(trace_context, order_key)
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload{columns}) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{values}) RETURNING id",
-            [stream, payload_json, *params],
+            self.insert_sql(trace_context is not None, order_key is not None),
+            self.insert_params(stream, payload_json, trace_context, order_key),
         )
         assert row is not None
         return int(row[0])
@@ -280,19 +279,33 @@ class BufferOps:
         event_id = self.insert_event(stream, payload_json, trace_context, order_key)
         return event_id, wake_guard.WAKE_AFTER_COMMIT
 
+    def insert_sql(self, traced: bool, keyed: bool, returning: str = "id") -> str:
+        """The INSERT of one generic buffer row, with a trace context (*traced*) and an
+        order key (*keyed*) or without, returning *returning*: built once per form
+        (``publish()`` is a hot path); its parameters: :meth:`insert_params`."""
+        form = (traced, keyed, returning)
+        sql = self._insert_sqls.get(form)
+        if sql is None:
+            given = [name for name, on in (("trace_context", traced), ("order_key", keyed)) if on]
+            sql = self._insert_sqls[form] = (
+                f"INSERT INTO {self.table} (created_at, stream, payload"
+                f"{''.join(f', {name}' for name in given)}) "
+                f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}"
+                f"{', %s' * len(given)}) RETURNING {returning}"
+            )
+        return sql
+
     @staticmethod
-    def event_columns(
-        trace_context: str | None, order_key: str | None
-    ) -> tuple[str, str, list[Any]]:
-        """The optional columns of a generic buffer row: their names and placeholders
-        (each after a comma) and their values; none that is not given."""
-        given = [
-            (name, value)
-            for name, value in (("trace_context", trace_context), ("order_key", order_key))
-            if value is not None
-        ]
-        columns = "".join(f", {name}" for name, _ in given)
-        return columns, ", %s" * len(given), [value for _, value in given]
+    def insert_params(
+        stream: str, payload_json: str, trace_context: str | None, order_key: str | None
+    ) -> list[Any]:
+        """The parameters of :meth:`insert_sql`'s statement."""
+        params = [stream, payload_json]
+        if trace_context is not None:
+            params.append(trace_context)
+        if order_key is not None:
+            params.append(order_key)
+        return params
 
     def archive_group(self, group_id: uuid.UUID, move: Move) -> int:
         """Archive (when ``move.archive``) and delete the group's rows but ``move.keep_ids``.

@@ -69,13 +69,10 @@ class PostgresBufferOps(BufferOps):
     ) -> tuple[int, int]:
         if not self.wake_guarded:
             return super().insert_event_guarded(stream, payload_json, trace_context, order_key)
-        columns, values, params = self.event_columns(trace_context, order_key)
         call, call_params, key = wake_guard.stream_call(self.connection.alias, stream, wake)
         row = self.fetchone(
-            f"INSERT INTO {self.table} (created_at, stream, payload{columns}) "
-            f"VALUES ({self.dialect.now}, %s, %s{self.dialect.json_cast}{values}) "
-            f"RETURNING id, {call}",
-            [stream, payload_json, *params, *call_params],
+            self.insert_sql(trace_context is not None, order_key is not None, f"id, {call}"),
+            [*self.insert_params(stream, payload_json, trace_context, order_key), *call_params],
         )
         assert row is not None
         return int(row[0]), wake_guard.answered(key, int(row[1]), wake)

@@ -18,9 +18,7 @@ the function below, and the answer is one of three:
   wake this process queued last still waits untaken: the publisher relies on it as on a
   run in flight (the lock above), since the worker that takes it runs the stream and its
   run's end waits the same way; so a burst of publishes on an idle stream queues one
-  wake per process, not one per commit. A transaction queues at most one wake per
-  stream: its later publishes are covered by it (the answer ``COVERED``), and one that
-  holds the guard's lock queues none.
+  wake per process, not one per commit.
 * Otherwise (another broker, django-q2's sync mode, a paused stream): wake after commit.
 
 A run waits for publishers at most :data:`PUBLISHERS_WAIT_SECONDS`; a publisher whose
@@ -29,15 +27,17 @@ its commit, as if it had not skipped (a queued wake needs no such bound: it comm
 the rows). The function answers "wake after commit" in a transaction that is not READ
 COMMITTED (its reads would not see the epoch move).
 
-The locks are bounded: a transaction holds at most one guard lock per stream (and per
-kind), whatever the number of its publishes and however often runs end meanwhile. The
-first publish that relies on a run takes the lock at that run's epoch and records the
-epoch in a transaction-local setting; a later publish of the same transaction skips its
-wake only while the epoch is still that one, and otherwise wakes after commit instead of
-taking a second lock. A transaction older than :data:`LONG_TRANSACTION_SECONDS` (the
-database's clock) takes none: its commit wakes the stream anyway, so a run never waits
-for a long transaction that has not already relied on it, and at most one run (the one
-ending at the recorded epoch) waits for one that has.
+A transaction asks once per stream: its first write of the stream asks, and the
+answer covers the transaction's later writes of it, which ask nothing
+(:func:`django_outbox.streams.run.wake_guarded`). A queued wake commits with all of
+them; a lock taken at epoch *E* makes the run that ends at *E* wait for the
+transaction's end before its last claim, whatever the transaction writes meanwhile
+(under the time bound above); and a commit told to wake wakes for them all. So a
+transaction holds at most one guard lock per stream and queues at most one wake,
+whatever the number of its publishes and however often runs end meanwhile. A
+transaction older than :data:`LONG_TRANSACTION_SECONDS` (the database's clock) takes
+none: its commit wakes the stream anyway, so a run never waits for a long transaction
+that has not already relied on it.
 
 The same guard serves unique-job kinds and the ``django.tasks`` backend: an
 ``enqueue()`` whose INSERT finds the kind at its concurrency (every chunk in flight
@@ -80,7 +80,8 @@ LOCK_KEYS = "hashtext('django_outbox.wake:' || {stream}), mod({epoch}, 214748364
 _FUNCTION_KEYS = LOCK_KEYS.format(stream="p_stream", epoch="v_epoch")
 
 #: The transaction-local setting that records the epoch whose lock a transaction holds
-#: for a stream (or kind): its name ends with the MD5 of the stream's (kind's) name.
+#: for a kind: its name ends with the MD5 of the kind's name. (A kind's guard is asked
+#: by every ``enqueue()``; a stream's only by a transaction's first write of it.)
 HELD_SETTING = "'django_outbox.wake_' || md5({name})"
 
 #: The guard takes no lock in a transaction older than this (in the database's clock):
@@ -91,9 +92,8 @@ _YOUNG = f"clock_timestamp() - now() <= interval '{_LONG} seconds'"
 
 #: What the guard's functions answer besides the id of a wake they queued (> 0): skip
 #: the wake after commit (a run in flight, or a queued wake not yet taken, takes the
-#: row), wake after commit, or (streams) covered by the wake this transaction queued
-#: already: a transaction queues at most one wake per stream.
-SKIP, WAKE_AFTER_COMMIT, COVERED = 0, -1, -2
+#: row), or wake after commit.
+SKIP, WAKE_AFTER_COMMIT = 0, -1
 
 #: Whether the wake this process queued last (``p_last_wake``, ``p_last_digest``) still
 #: waits in django-q2's queue untaken (a taken row is locked until later; the digest: an
@@ -110,11 +110,18 @@ _QUEUE_OFFERED_WAKE = f"""IF p_payload IS NULL THEN
     INSERT INTO django_q_ormq (key, payload, lock)
         VALUES (p_key, p_payload, statement_timestamp()) RETURNING id INTO v_id;"""
 
-#: A transaction holds at most one guard lock per stream: the first publish that relies
-#: on a run in flight takes it, at that run's epoch, and records the epoch in a
-#: transaction-local setting (reverted with the lock on a rollback to a savepoint). A
-#: later publish of the same transaction skips its wake only while the epoch is still
-#: that one; once it moved, it wakes after commit instead of taking another lock.
+#: The function asks once per stream and transaction: the caller's later writes of the
+#: stream in that transaction do not ask (:func:`django_outbox.streams.run.wake_guarded`),
+#: the first answer covers them all. That bounds the locks to one per stream and
+#: transaction, and the wakes queued to one. (A savepoint rolled back takes its
+#: statement's lock and queued wake with it, and the caller's record of the answer.)
+#:
+#: One statement reads what decides: the transaction's isolation and age (the database's
+#: clock), the stream's state and whether a run is in flight; each is a condition of
+#: the read, so that a call that finds no row wakes after commit. The function's other
+#: steps run only when they answer: the last wake's row when no run is in flight, the
+#: lock and the epoch's second read when something is relied on, the queue row when
+#: nothing is.
 #:
 #: ``p_last_wake``/``p_last_digest``: the id and the payload's MD5 of the stream's wake
 #: this process queued last (:func:`last_queued`); while it waits in django-q2's queue
@@ -128,51 +135,31 @@ CREATE OR REPLACE FUNCTION {FUNCTION}(
 ) RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_epoch bigint;
-    v_paused boolean;
     v_relied boolean;
     v_id bigint;
-    v_name text := {HELD_SETTING.format(name="p_stream")};
-    v_held text := current_setting(v_name, true);
 BEGIN
-    IF v_held = 'queued' THEN  -- this transaction queued the stream's wake already
-        RETURN {COVERED};
-    END IF;
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RETURN {WAKE_AFTER_COMMIT};
-    END IF;
-    IF coalesce(v_held, '') = '' AND NOT ({_YOUNG}) THEN
-        RETURN {WAKE_AFTER_COMMIT};
-    END IF;
-    SELECT s.wake_epoch, s.paused, EXISTS (
+    SELECT s.wake_epoch, EXISTS (
             SELECT 1 FROM django_outbox_outboxgroup g
             WHERE g.stream = p_stream AND g.state IN ('claimed', 'running')
             AND g.lease_expires_at > now())
-      INTO v_epoch, v_paused, v_relied
-      FROM django_outbox_streamstate s WHERE s.stream = p_stream;
-    IF NOT FOUND OR v_paused THEN
+      INTO v_epoch, v_relied
+      FROM django_outbox_streamstate s
+     WHERE s.stream = p_stream AND NOT s.paused
+       AND current_setting('transaction_isolation') = 'read committed' AND {_YOUNG};
+    IF NOT FOUND THEN
         RETURN {WAKE_AFTER_COMMIT};
     END IF;
     IF NOT v_relied AND p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
         v_relied := {_LAST_WAKE_WAITS};
     END IF;
-    IF coalesce(v_held, '') <> '' THEN
-        -- The transaction holds this stream's lock: it still covers this publish while
-        -- the epoch has not moved; no second lock, and no wake queued, either way.
-        IF v_relied AND v_held::bigint = v_epoch THEN
-            RETURN {SKIP};
-        END IF;
-        RETURN {WAKE_AFTER_COMMIT};
-    END IF;
     IF v_relied THEN
-        PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS}),
-                set_config(v_name, v_epoch::text, true);
+        PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS});
         IF (SELECT s.wake_epoch FROM django_outbox_streamstate s
             WHERE s.stream = p_stream) = v_epoch THEN
             RETURN {SKIP};
         END IF;
     END IF;
     {_QUEUE_OFFERED_WAKE}
-    PERFORM set_config(v_name, 'queued', true);  -- it covers the transaction's later rows
     RETURN v_id;
 END
 $$;
@@ -278,17 +265,23 @@ def drop_functions(schema_editor: BaseDatabaseSchemaEditor) -> None:
 #: kind, cluster key): its queue row's id and the MD5 of its package. Later inserts rely
 #: on it under the guard instead of queueing another while no worker has taken it. A
 #: value from a transaction that rolled back, or a task taken since, is simply not found.
-_QUEUED_WAKES: dict[tuple[str, str, str], tuple[int, str]] = {}
+_QUEUED_WAKES: dict[tuple[str, str, str], tuple[int, str, str]] = {}
 
 
 def last_queued(key: tuple[str, str, str]) -> tuple[int | None, str | None]:
     """The id and package digest of the wake queued last for *key*, or (None, None)."""
-    return _QUEUED_WAKES.get(key, (None, None))
+    found = _QUEUED_WAKES.get(key)
+    return (None, None) if found is None else found[:2]
 
 
 def remember_queued(key: tuple[str, str, str], wake_id: int, package: str) -> None:
     """A statement queued the wake *package* for *key* as queue row *wake_id*."""
-    _QUEUED_WAKES[key] = (wake_id, hashlib.md5(package.encode(), usedforsecurity=False).hexdigest())
+    found = _QUEUED_WAKES.get(key)
+    if found is not None and found[2] == package:  # a package offered again: same digest
+        digest = found[1]
+    else:
+        digest = hashlib.md5(package.encode(), usedforsecurity=False).hexdigest()
+    _QUEUED_WAKES[key] = (wake_id, digest, package)
 
 
 def stream_call(
