@@ -409,9 +409,9 @@ def wake_guarded(
     return result
 
 
-@on_stream_database
 def _wake_after_commit(stream: str, guarded_since: list[float | None]) -> bool:
-    """The commit's wake: none when a run in flight waits for every row it wrote."""
+    """The commit's wake: none when a run in flight waits for every row it wrote (the
+    common case on PostgreSQL, decided without reading the stream's configuration)."""
     if relied_on_recently(guarded_since, LONG_TRANSACTION_SECONDS):
         return False
     return wake_now(stream)
