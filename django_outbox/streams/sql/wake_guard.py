@@ -117,10 +117,11 @@ _QUEUE_OFFERED_WAKE = f"""IF p_payload IS NULL THEN
 #: statement's lock and queued wake with it, and the caller's record of the answer.)
 #:
 #: One statement reads what decides: the transaction's isolation and age (the database's
-#: clock), the stream's state, and whether a run is in flight or else the wake this
-#: process queued last still waits; each is a condition of the read, so that a call
-#: that finds no row wakes after commit. Then either the lock and the epoch's second
-#: read (something is relied on), or the queue row (nothing is).
+#: clock), the stream's state and whether a run is in flight; each is a condition of
+#: the read, so that a call that finds no row wakes after commit. The function's other
+#: steps run only when they answer: the last wake's row when no run is in flight, the
+#: lock and the epoch's second read when something is relied on, the queue row when
+#: nothing is.
 #:
 #: ``p_last_wake``/``p_last_digest``: the id and the payload's MD5 of the stream's wake
 #: this process queued last (:func:`last_queued`); while it waits in django-q2's queue
@@ -141,13 +142,15 @@ BEGIN
             SELECT 1 FROM django_outbox_outboxgroup g
             WHERE g.stream = p_stream AND g.state IN ('claimed', 'running')
             AND g.lease_expires_at > now())
-        OR (p_last_wake IS NOT NULL AND {_LAST_WAKE_WAITS})
       INTO v_epoch, v_relied
       FROM django_outbox_streamstate s
      WHERE s.stream = p_stream AND NOT s.paused
        AND current_setting('transaction_isolation') = 'read committed' AND {_YOUNG};
     IF NOT FOUND THEN
         RETURN {WAKE_AFTER_COMMIT};
+    END IF;
+    IF NOT v_relied AND p_last_wake IS NOT NULL THEN  -- (django-q2's table is read only then)
+        v_relied := {_LAST_WAKE_WAITS};
     END IF;
     IF v_relied THEN
         PERFORM pg_advisory_xact_lock_shared({_FUNCTION_KEYS});
