@@ -369,6 +369,14 @@ def publish_overhead(report: dict[str, Any]) -> list[str]:
             row("and a raw INSERT of the event (the floor)", "with_raw_insert_median_ms"),
             row("and `publish()`, stream idle", "with_event_idle_median_ms", bold=True),
             row("and `publish()`, a run in flight", "with_event_busy_median_ms", bold=True),
+            *(
+                [
+                    row("and the guarded INSERT alone, idle", "with_guarded_insert_idle_median_ms"),
+                    row("and the guarded INSERT alone, busy", "with_guarded_insert_busy_median_ms"),
+                ]
+                if "with_guarded_insert_busy_median_ms" in o
+                else []
+            ),
             row("and a raw INSERT, then `wake()`, idle", "with_raw_insert_woken_idle_median_ms"),
             row("through a `PublishTrigger`", "with_trigger_median_ms"),
         ]

@@ -52,6 +52,7 @@ from django_outbox.jobs.staging import drain_until_empty, stage_task  # noqa: E4
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState  # noqa: E402
 from django_outbox.streams.inline import run_inline  # noqa: E402
 from django_outbox.streams.run import claim_group, runtime_state  # noqa: E402
+from django_outbox.streams.sql import buffer_ops  # noqa: E402
 from django_outbox.streams.steer import set_paused  # noqa: E402
 from django_outbox.transport import handoff  # noqa: E402
 
@@ -367,7 +368,9 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
     `publish_woken`), so that no case's groups or queued wakes weigh on another's.
 
     A ``PublishTrigger`` writes the event inside the row's own INSERT; the raw INSERT
-    followed by :func:`~django_outbox.wake` shows what a wake after commit costs.
+    followed by :func:`~django_outbox.wake` shows what a wake after commit costs. The
+    guarded INSERT is ``publish()``'s statement (the raw INSERT asking the wake guard)
+    with nothing of ``publish()`` around it: what the guard costs the statement alone.
     """
     reset()
     broker = "orm" if handoff.in_transaction_hand_off() else "redis"
@@ -394,6 +397,21 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
                     "VALUES (statement_timestamp(), %s, %s::jsonb)",
                     [stream, json.dumps({"order": order.pk, "amount": "9.99"})],
                 )
+
+    def with_guarded_insert(stream: str) -> Callable[[int], None]:
+        """The raw INSERT asking the wake guard as ``publish()``'s does, with nothing of
+        ``publish()`` around it: what the guard's statement costs alone."""
+        ops = buffer_ops(OutboxEvent, alias=connection.alias)
+
+        def guarded_insert(i: int) -> None:
+            with transaction.atomic():
+                order = Order.objects.create(customer=f"c{i}", amount="9.99")
+                offered = handoff.queue_row(wake_jobs[stream], connection.alias)
+                ops.insert_event_guarded(
+                    stream, json.dumps({"order": order.pk, "amount": "9.99"}), wake=offered
+                )
+
+        return guarded_insert
 
     def with_raw_insert_woken(i: int) -> None:
         """The raw INSERT and a wake after commit: what the commit's wake costs."""
@@ -425,11 +443,17 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
         lease_expires_at=database_now() + timedelta(hours=1),
     )
 
+    wake_jobs = {
+        name: handoff.Job(handoff.WAKE, (name,), None, options={"task_name": f"wake {name}"})
+        for name in ("publish_idle", "publish_busy")
+    }
     variants: list[tuple[str, Callable[[int], None]]] = [
         ("plain", plain),
         ("with_raw_insert", with_raw_insert),
         ("with_event_idle", with_event("publish_idle")),
         ("with_event_busy", with_event("publish_busy")),
+        ("with_guarded_insert_idle", with_guarded_insert("publish_idle")),
+        ("with_guarded_insert_busy", with_guarded_insert("publish_busy")),
         ("with_raw_insert_woken_idle", with_raw_insert_woken),
         ("with_trigger", with_trigger),
     ]
@@ -454,6 +478,9 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
         # The targets: publish() against the raw INSERT of the same row, idle and busy.
         "idle_ratio": round(ms["with_event_idle"] / raw, 3),
         "busy_ratio": round(ms["with_event_busy"] / raw, 3),
+        # The guard's statement alone, nothing of publish() around it.
+        "guarded_idle_ratio": round(ms["with_guarded_insert_idle"] / raw, 3),
+        "guarded_busy_ratio": round(ms["with_guarded_insert_busy"] / raw, 3),
         "ratio": round(ms["with_event_idle"] / ms["plain"], 3),
         "raw_insert_ratio": round(raw / ms["plain"], 3),
         "trigger_ratio": round(ms["with_trigger"] / ms["plain"], 3),

@@ -41,7 +41,9 @@ def dumps(value: Any, *, cls: type[json.JSONEncoder] | None = None) -> str:
     # only then is the value walked.
     if text.count("[") + text.count("{") > MAX_DEPTH and _too_deep(value):
         raise ValueError(f"it nests lists and dicts deeper than {MAX_DEPTH} levels")
-    if _UNSTORABLE.search(text):
+    # A NUL is written escaped, a lone surrogate as itself (not ASCII): only a text with
+    # either can hold one.
+    if (not text.isascii() or "\\u0000" in text) and _UNSTORABLE.search(text):
         raise ValueError(
             "a string in it holds a NUL character or a lone surrogate, which PostgreSQL "
             "cannot store"
