@@ -3,8 +3,9 @@
 One transaction publishes and enqueues *count* times while a thread raises the stream's
 and the kind's wake epochs as fast as it can (every run ending), with a run in flight
 and the kind at its concurrency all along: every enqueue asks the kind's wake guard, and
-the first publish the stream's (whose answer covers the later ones). A second thread opens a fresh connection to the server every few milliseconds and reads
-the advisory locks the transaction holds. The result (JSON) goes to *out*.
+the first publish the stream's (whose answer covers the later ones). A second thread
+opens a fresh connection to the server every few milliseconds and reads the advisory
+locks the transaction holds. The result (JSON) goes to *out*.
 """
 
 from __future__ import annotations
