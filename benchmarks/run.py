@@ -48,10 +48,11 @@ from benchmarks import operations as ops  # noqa: E402
 from benchmarks.models import Marker, Order, TriggeredOrder  # noqa: E402
 from benchmarks.unique import measure_dispatch  # noqa: E402
 from django_outbox import publish, publish_many, wake  # noqa: E402
+from django_outbox.conf import get_stream  # noqa: E402
 from django_outbox.jobs.staging import drain_until_empty, stage_task  # noqa: E402
 from django_outbox.models import ArchivedEvent, OutboxEvent, OutboxGroup, StreamState  # noqa: E402
 from django_outbox.streams.inline import run_inline  # noqa: E402
-from django_outbox.streams.run import claim_group, runtime_state  # noqa: E402
+from django_outbox.streams.run import claim_group, runtime_state, wake_job  # noqa: E402
 from django_outbox.streams.sql import buffer_ops  # noqa: E402
 from django_outbox.streams.steer import set_paused  # noqa: E402
 from django_outbox.transport import handoff  # noqa: E402
@@ -406,7 +407,7 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
         def guarded_insert(i: int) -> None:
             with transaction.atomic():
                 order = Order.objects.create(customer=f"c{i}", amount="9.99")
-                offered = handoff.queue_row(wake_jobs[stream], connection.alias)
+                offered = handoff.queue_row(wake_job(get_stream(stream)), connection.alias)
                 ops.insert_event_guarded(
                     stream, json.dumps({"order": order.pk, "amount": "9.99"}), wake=offered
                 )
@@ -443,10 +444,6 @@ def publish_overhead(transactions: int) -> dict[str, Any]:
         lease_expires_at=database_now() + timedelta(hours=1),
     )
 
-    wake_jobs = {
-        name: handoff.Job(handoff.WAKE, (name,), None, options={"task_name": f"wake {name}"})
-        for name in ("publish_idle", "publish_busy")
-    }
     variants: list[tuple[str, Callable[[int], None]]] = [
         ("plain", plain),
         ("with_raw_insert", with_raw_insert),

@@ -142,7 +142,8 @@ _local = threading.local()
 
 def _generic_ops(alias: str) -> BufferOps:
     """The generic buffer's operations on *alias*, kept for this thread's connection
-    (they build each statement once: ``publish()`` is a hot path)."""
+    (they build each statement once: ``publish()`` is a hot path): one per database and
+    thread, built anew when the thread's connection object is another one."""
     connection = connections[alias]
     kept: dict[str, BufferOps] = _local.__dict__.setdefault("ops", {})
     ops = kept.get(alias)

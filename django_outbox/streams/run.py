@@ -372,20 +372,14 @@ def _wake_key(stream: str) -> tuple[str, str]:
     return ("django_outbox.wake", stream)
 
 
-#: The wake job of each stream, by its name and cluster (one object, one package).
-_WAKE_JOBS: dict[tuple[str, str | None], handoff.Job] = {}
-
-
-def _wake_job(config: StreamConfig) -> handoff.Job:
-    job = _WAKE_JOBS.get((config.name, config.cluster))
-    if job is None:
-        job = _WAKE_JOBS[config.name, config.cluster] = handoff.Job(
-            handoff.WAKE,
-            (config.name,),
-            config.cluster,
-            options={"task_name": f"django_outbox wake {config.name}"},
-        )
-    return job
+def wake_job(config: StreamConfig) -> handoff.Job:
+    """The stream's wake, for a statement to queue when no run is in flight."""
+    return handoff.Job(
+        handoff.WAKE,
+        (config.name,),
+        config.cluster,
+        options={"task_name": f"django_outbox wake {config.name}"},
+    )
 
 
 def wake_guarded(
@@ -403,7 +397,7 @@ def wake_guarded(
     once per transaction and stream (:func:`guard_asked`).
     """
     started = time.monotonic()
-    result, answer = ask(handoff.queue_row(_wake_job(config), using))
+    result, answer = ask(handoff.queue_row(wake_job(config), using))
     since = started if answer == SKIP else QUEUED if answer > 0 else None
     wake(config.name, using=using, guarded_since=since)
     return result

@@ -68,7 +68,7 @@ def enqueue(
     def insert() -> UniqueJob | None:
         started = time.monotonic()
         job = table.insert_pending(values, after, wake=_wake(table))
-        if job is not None and not _woke(table):
+        if job is not None and not table.woke:
             kick_after_commit(model, table.alias, guarded_since=_since(table, started))
         return job
 
@@ -147,7 +147,7 @@ def insert_many(
             created += table.insert_pending_many(
                 group[start : start + MANY_ROWS], after, returning, common, wake
             )
-    if created and not (one and _woke(table)):
+    if created and not (one and table.woke):
         # One row (the tasks backend's enqueue()) may have found the kind at its
         # concurrency under the wake guard; more rows always kick.
         since = _since(table, started) if len(created) == 1 else None
@@ -286,11 +286,6 @@ def _wake(table: JobTable) -> tuple[str, str] | None:
     if outbox_settings().dispatch_on_commit == "thread" or not table.guards():
         return None
     return handoff.queue_row(_wake_job(table), table.alias)
-
-
-def _woke(table: JobTable) -> bool:
-    """Whether the last insert queued the kind's wake."""
-    return table.woke
 
 
 def _wake_job(table: JobTable) -> handoff.Job:

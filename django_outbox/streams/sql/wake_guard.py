@@ -265,23 +265,17 @@ def drop_functions(schema_editor: BaseDatabaseSchemaEditor) -> None:
 #: kind, cluster key): its queue row's id and the MD5 of its package. Later inserts rely
 #: on it under the guard instead of queueing another while no worker has taken it. A
 #: value from a transaction that rolled back, or a task taken since, is simply not found.
-_QUEUED_WAKES: dict[tuple[str, str, str], tuple[int, str, str]] = {}
+_QUEUED_WAKES: dict[tuple[str, str, str], tuple[int, str]] = {}
 
 
 def last_queued(key: tuple[str, str, str]) -> tuple[int | None, str | None]:
     """The id and package digest of the wake queued last for *key*, or (None, None)."""
-    found = _QUEUED_WAKES.get(key)
-    return (None, None) if found is None else found[:2]
+    return _QUEUED_WAKES.get(key, (None, None))
 
 
 def remember_queued(key: tuple[str, str, str], wake_id: int, package: str) -> None:
     """A statement queued the wake *package* for *key* as queue row *wake_id*."""
-    found = _QUEUED_WAKES.get(key)
-    if found is not None and found[2] == package:  # a package offered again: same digest
-        digest = found[1]
-    else:
-        digest = hashlib.md5(package.encode(), usedforsecurity=False).hexdigest()
-    _QUEUED_WAKES[key] = (wake_id, digest, package)
+    _QUEUED_WAKES[key] = (wake_id, hashlib.md5(package.encode(), usedforsecurity=False).hexdigest())
 
 
 def stream_call(
