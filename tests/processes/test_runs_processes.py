@@ -118,13 +118,17 @@ def p99(values: list[float]) -> float:
 @pytest.mark.postgres
 def test_a_long_transaction_publishing_beside_a_steady_inflow_leaves_its_latency_alone(tmp_path):
     """50 single-row commits a second to one stream for 12 s; from the 4th second, one
-    transaction publishes to the same stream every 5 ms and stays open 6 s.
+    transaction publishes to the same stream every 5 ms and stays open until the
+    inflow's last row is archived (8 s or more).
 
     While it is open, the inflow's commit-to-archive p99 stays within 0.5 s of its p99
     before. (When such a transaction took the wake guard's lock at every epoch it saw,
-    every ending run waited up to ``PUBLISHERS_WAIT_SECONDS`` for it.)
+    every ending run waited up to ``PUBLISHERS_WAIT_SECONDS`` for it.) It commits after
+    the measure: its rows (over a thousand) land at once, with ids below the inflow's of
+    the same seconds, and an inflow row committed just before them waits for them,
+    oldest first (0.35-0.73 s when the measure took those rows in).
     """
-    opened, closed = threading.Event(), threading.Event()
+    opened, closed, inflow_archived = threading.Event(), threading.Event(), threading.Event()
     window: dict[str, float] = {}
     errors: list[BaseException] = []
 
@@ -134,7 +138,7 @@ def test_a_long_transaction_publishing_beside_a_steady_inflow_leaves_its_latency
             with transaction.atomic():
                 window["opened"] = time.monotonic()
                 n = 0
-                while time.monotonic() - window["opened"] < 6:
+                while not inflow_archived.is_set() and time.monotonic() - window["opened"] < 60:
                     publish("audit", {"long": n})
                     n += 1
                     time.sleep(0.005)  # a batch import's pace, not a wait for a condition
@@ -155,6 +159,14 @@ def test_a_long_transaction_publishing_beside_a_steady_inflow_leaves_its_latency
             with transaction.atomic():
                 publish("audit", {"n": n})
             committed[n] = time.monotonic()
+        inflow = ArchivedEvent.objects.filter(stream="audit", data__payload__has_key="n")
+        wait_until(
+            lambda: inflow.count() == len(committed),
+            timeout=60,
+            describe=inflow.count,
+            watch=[cluster],
+        )
+        inflow_archived.set()
         assert closed.wait(60) and not errors, errors
         writer.join(60)
         wait_until(
@@ -176,14 +188,11 @@ def test_a_long_transaction_publishing_beside_a_steady_inflow_leaves_its_latency
         for n, at in committed.items()
         if 50 <= n and at < window["opened"]
     ]
-    during = [
-        latency[n].total_seconds()
-        for n, at in committed.items()
-        if window["opened"] <= at <= window["closed"]
-    ]
+    assert max(committed.values()) < window["closed"]
+    during = [latency[n].total_seconds() for n, at in committed.items() if window["opened"] <= at]
     print(
         f"\ninflow beside a long transaction: p99 {p99(before):.3f} s before "
         f"({len(before)} commits), {p99(during):.3f} s while it was open ({len(during)})"
     )
-    assert len(latency) == 600 and len(during) >= 200
+    assert len(latency) == 600 and len(during) >= 400
     assert p99(during) <= p99(before) + 0.5
