@@ -85,18 +85,7 @@ class KeyedEvent(BufferEvent):
 
 
 class OrderedKeyedEvent(BufferEvent):
-    """The same rows for the ordered stream ``keyed_ordered`` (``ORDER_KEY``), with the
-    index an ordered claim asks (docs/how-to/ordered-streams.md)."""
+    """The same rows for the ordered stream ``keyed_ordered`` (``ORDER_KEY``)."""
 
     aggregate = models.IntegerField()
     body = models.CharField(max_length=100)
-
-    class Meta(BufferEvent.Meta):
-        indexes = [
-            *BufferEvent.Meta.indexes,
-            models.Index(
-                fields=["aggregate", "id"],
-                condition=models.Q(group_id__isnull=True),
-                name="bench_key_waiting",
-            ),
-        ]

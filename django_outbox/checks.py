@@ -20,7 +20,6 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.management.commands.migrate import Command as MigrateCommand
 from django.db import DatabaseError, connections, router
 from django.db.migrations.loader import MigrationLoader
-from django.db.models import Q
 from django.utils.module_loading import import_string
 
 from django_outbox.archive.partitions import archive_partitioning
@@ -365,11 +364,6 @@ def _check_order_key(where: str, label: Any, key: Any) -> list[CheckMessage]:
         return []  # E020 reports the model
     if not isinstance(model, type) or not issubclass(model, BufferEvent):
         return []  # E021
-    hint = (
-        "Give the name of a field of the stream's buffer model whose value groups the rows "
-        "that must stay in order (an aggregate's id, say), and index it as "
-        "docs/how-to/ordered-streams.md shows."
-    )
     if model is OutboxEvent:
         if isinstance(key, str) and key:
             return []  # a top-level key of the payloads: publish() writes its value
@@ -392,35 +386,13 @@ def _check_order_key(where: str, label: Any, key: Any) -> list[CheckMessage]:
         return [
             Error(
                 f"{where}['ORDER_KEY'] {key!r} is not a field of {model._meta.label}.",
-                hint=hint,
+                hint="Give the name of a field of the stream's buffer model whose value "
+                "groups the rows that must stay in order (an aggregate's id, say); "
+                "docs/how-to/ordered-streams.md shows the model.",
                 id="django_outbox.E023",
             )
         ]
-    if not _has_key_index(model, field.name):
-        return [
-            Warning(
-                f"{where}['ORDER_KEY'] {key!r}: {model._meta.label} has no index on "
-                f"({field.name}, id) of its waiting rows; each claim probes every waiting "
-                "key's first row, which without it reads the table.",
-                hint=f"Add to {model.__name__}.Meta.indexes (keeping BufferEvent.Meta.indexes) "
-                f'models.Index(fields=["{field.name}", "id"], '
-                "condition=models.Q(group_id__isnull=True), name=...) and run makemigrations; "
-                "see docs/how-to/ordered-streams.md.",
-                id="django_outbox.W005",
-            )
-        ]
     return []
-
-
-def _has_key_index(model: type[BufferEvent], key: str) -> bool:
-    """Whether an index of *model* starts with (*key*, id) and holds the waiting rows
-    (a partial index on ``group_id IS NULL``, or a full one)."""
-    waiting = Q(group_id__isnull=True)
-    for index in model._meta.indexes:
-        fields = [name.lstrip("-") for name in index.fields]
-        if fields[:2] in ([key, "id"], [key, "pk"]) and index.condition in (None, waiting):
-            return True
-    return False
 
 
 def _check_cluster(name: Any, where: str, merged: dict[str, Any]) -> list[CheckMessage]:

@@ -79,7 +79,12 @@ HISTORY = {
 #: The migrations each app ships: 0001_initial, which replaces the development history,
 #: and those added since.
 RELEASED = {
-    "django_outbox": ["0001_initial", "0002_publish_wake", "0003_publish_wake_asked_once"],
+    "django_outbox": [
+        "0001_initial",
+        "0002_publish_wake",
+        "0003_publish_wake_asked_once",
+        "0004_drop_keyed_index",
+    ],
     "django_outbox_tasks": ["0001_initial"],
 }
 
@@ -92,8 +97,6 @@ OUTBOX_FUNCTIONS = {
     "django_outbox_floor_hole",
 }
 
-#: The generic buffer's index of ordered streams' keys: only rows with a key are in it.
-KEYED = Q(group_id__isnull=True, order_key__isnull=False)
 #: (model label, [(fields, condition)]) of the partial indexes of each buffer model.
 BUFFER_INDEXES = [
     (
@@ -105,7 +108,6 @@ BUFFER_INDEXES = [
         [
             (["stream", "id"], Q(group_id__isnull=True)),
             (["group_id"], Q(group_id__isnull=False)),
-            (["stream", "order_key", "id"], KEYED),
         ],
     ),
 ]
@@ -114,12 +116,10 @@ PREDICATES = {
     "postgresql": {
         True: "WHERE (group_id IS NULL)",
         False: "WHERE (group_id IS NOT NULL)",
-        "keyed": "WHERE ((group_id IS NULL) AND (order_key IS NOT NULL))",
     },
     "sqlite": {
         True: 'WHERE "group_id" IS NULL',
         False: 'WHERE "group_id" IS NOT NULL',
-        "keyed": 'WHERE ("group_id" IS NULL AND "order_key" IS NOT NULL)',
     },
 }
 
@@ -237,7 +237,7 @@ def test_custom_buffer_index_names_are_unique_per_model():
     names = [
         index.name for label, _ in BUFFER_INDEXES for index in apps.get_model(label)._meta.indexes
     ]
-    assert len(names) == len(set(names)) == 5
+    assert len(names) == len(set(names)) == 4
 
 
 @pytest.mark.django_db
@@ -309,10 +309,7 @@ def generic_buffer_routines() -> set[tuple[str, str, str]]:
 
 
 def partial_predicate(condition: Q) -> str:
-    """The WHERE clause the database shows for a ``group_id__isnull`` condition (or the
-    generic buffer's keyed one)."""
-    if condition == KEYED:
-        return PREDICATES[connection.vendor]["keyed"]
+    """The WHERE clause the database shows for a ``group_id__isnull`` condition."""
     ((lookup, isnull),) = condition.children
     assert lookup == "group_id__isnull"
     return PREDICATES[connection.vendor][isnull]

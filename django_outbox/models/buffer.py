@@ -136,13 +136,6 @@ class OutboxEvent(BufferEvent):
                 condition=models.Q(group_id__isnull=False),
                 name="outbox_event_group",
             ),
-            # The ordered claim's probe: a key's first waiting row. Rows without a key
-            # (every unordered stream's) are not in it.
-            models.Index(
-                fields=["stream", "order_key", "id"],
-                condition=models.Q(group_id__isnull=True, order_key__isnull=False),
-                name="outbox_event_keyed",
-            ),
         ]
 
     def __str__(self) -> str:

@@ -210,7 +210,7 @@ CUSTOM_CHECKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("stream", "HANDLER"): ("E010", "E011", "E012"),
     ("stream", "MODEL"): ("E020", "E021", "E022"),
     ("stream", "ON_EXHAUSTED"): ("E013", "E014"),
-    ("stream", "ORDER_KEY"): ("E023", "W005"),
+    ("stream", "ORDER_KEY"): ("E023",),
     ("stream", "BACKOFF_MAX_SECONDS"): ("E033",),
     ("stream", "CLUSTER"): ("W002", "E041"),
     ("stream", "DATABASE"): ("E025", "W006", "W007"),
@@ -643,7 +643,6 @@ CHECK_DOCS: dict[str, str] = {
     "W003": "a stream option of an earlier version (`KICK`, `MAX_BATCHES`): ignored, remove it",
     "W004": "the partitioned archive's partitions end before the next prune run is due (on "
     "any database that holds a stream; the message names it)",
-    "W005": "an ordered stream's own buffer model has no index on `(key, id)` of its waiting rows",
     "W006": "a stream's database lacks migrations of django_outbox (database check: "
     "`check --database` runs it; `migrate`, which applies them, does not warn)",
     "W007": "a stream's database could not be read to check its migrations",

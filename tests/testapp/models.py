@@ -54,15 +54,4 @@ class OrderedEvent(BufferEvent):
 
     aggregate_id = models.CharField(max_length=40, null=True)  # noqa: DJ001 (NULL: unordered)
     seq = models.PositiveIntegerField(default=0)
-
-    class Meta(BufferEvent.Meta):
-        indexes = [
-            *BufferEvent.Meta.indexes,
-            # The index an ordered claim asks (docs/how-to/ordered-streams.md).
-            models.Index(
-                fields=["aggregate_id", "id"],
-                condition=models.Q(group_id__isnull=True),
-                name="ordered_key_waiting",
-            ),
-        ]
-        # --8<-- [end:ordered_model]
+    # --8<-- [end:ordered_model]
