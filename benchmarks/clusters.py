@@ -8,7 +8,8 @@ and by the clusters' processes during the drain say where the time goes.
 
 Run by ``benchmarks.run`` (``python3 dev.py bench``) in a child of its own, because the
 Redis broker is chosen when django-q2 is imported: ``BENCH_REDIS_URL`` must be set
-before. ``python -m benchmarks.clusters --events N --clusters 1 2 3`` prints JSON.
+before (this module sets ``BENCH_BROKER=redis`` for the settings). ``python -m
+benchmarks.clusters --events N --clusters 1 2 3`` prints JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from pathlib import Path
 
 import django
 
+if not os.environ.get("BENCH_REDIS_URL"):
+    raise SystemExit("benchmarks.clusters needs BENCH_REDIS_URL (a Redis for the broker).")
+os.environ["BENCH_BROKER"] = "redis"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 django.setup()
 
@@ -122,8 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeat", type=int, default=3, help="runs per count (median)")
     args = parser.parse_args(argv)
-    if not os.environ.get("BENCH_REDIS_URL"):
-        raise SystemExit("benchmarks.clusters needs BENCH_REDIS_URL (a Redis for the broker).")
     runs: dict[int, list[dict[str, float]]] = {count: [] for count in args.clusters}
     for _ in range(args.repeat):  # interleaved, so a slow minute does not hit one count
         for count in args.clusters:

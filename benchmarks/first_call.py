@@ -14,7 +14,8 @@ until the backlog is archived is kept too.
 
 The broker is chosen when django-q2 is imported, so each broker runs in a process of
 its own: ``python -m benchmarks.first_call`` measures with the ORM broker, or with
-Redis when ``BENCH_REDIS_URL`` is set, and prints JSON as its last line;
+Redis when ``BENCH_BROKER=redis`` and ``BENCH_REDIS_URL`` are set, and prints JSON as
+its last line;
 :func:`both_brokers` runs both (``benchmarks.run`` calls it).
 """
 
@@ -123,9 +124,9 @@ def both_brokers(samples: int, backlogs: list[int]) -> dict[str, Any]:
     from tests.redis_server import own_redis
 
     def child(redis_url: str | None) -> dict[str, Any]:
-        env = {k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"}
+        env = {k: v for k, v in os.environ.items() if k not in ("BENCH_BROKER", "BENCH_REDIS_URL")}
         if redis_url:
-            env["BENCH_REDIS_URL"] = redis_url
+            env.update(BENCH_BROKER="redis", BENCH_REDIS_URL=redis_url)
         done = subprocess.run(
             [
                 *(sys.executable, "-m", "benchmarks.first_call"),

@@ -515,7 +515,7 @@ def publish_overhead_on_redis(transactions: int) -> dict[str, Any] | None:
                 str(transactions),
             ],
             cwd=ROOT,
-            env={**os.environ, "BENCH_REDIS_URL": url},
+            env={**os.environ, "BENCH_BROKER": "redis", "BENCH_REDIS_URL": url},
             capture_output=True,
             text=True,
             check=True,
@@ -980,7 +980,7 @@ def clusters_on_redis(events: int) -> list[dict[str, Any]]:
             [sys.executable, "-m", "benchmarks.clusters", "--events", str(events)]
             + (["--repeat", "1", "--clusters", "1", "2"] if events < 100_000 else []),
             cwd=ROOT,
-            env={**os.environ, "BENCH_REDIS_URL": url},
+            env={**os.environ, "BENCH_BROKER": "redis", "BENCH_REDIS_URL": url},
             capture_output=True,
             text=True,
             check=True,

@@ -67,8 +67,11 @@ Q_CLUSTER = {
     # commits alone move the rows (BENCH_SCHEDULER=1 turns them on, as in production).
     "scheduler": os.environ.get("BENCH_SCHEDULER") == "1",
 }
-# benchmarks.clusters runs its clusters on Redis (several machines' worth of qclusters).
-if os.environ.get("BENCH_REDIS_URL"):
+# The children that measure the Redis broker (benchmarks.clusters, the publish and
+# first-call children of benchmarks.run) set BENCH_BROKER=redis. BENCH_REDIS_URL alone
+# only names the Redis they use (else they start a throwaway one): the main run, whose
+# other steps need the ORM broker, stays on it.
+if os.environ.get("BENCH_BROKER") == "redis":
     del Q_CLUSTER["orm"]
     Q_CLUSTER["redis"] = os.environ["BENCH_REDIS_URL"]
 
