@@ -1,6 +1,6 @@
-"""The benchmark's broker: ``BENCH_REDIS_URL`` names the Redis of the steps measured on
-Redis (each in a child with ``BENCH_BROKER=redis``); the main run stays on django-q2's
-ORM broker, which its staged-jobs and unique-jobs steps need."""
+"""The benchmark's broker, as the benchmarks page states it: ``BENCH_REDIS_URL`` names
+the Redis of the steps measured on Redis (each in a child with ``BENCH_BROKER=redis``);
+the main run stays on django-q2's ORM broker, which its staged-jobs step needs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REDIS = "redis://127.0.0.1:6379/9"
 
 
